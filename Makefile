@@ -1,0 +1,28 @@
+# Each target does its own set-up: a .venv with the CPU build of torch installed first (pinned, so pip
+# never pulls a multi-GB CUDA build), then this package with its extras.
+PY := .venv/bin/python
+PROFILE ?= cpu
+
+.PHONY: setup reproduce test test-all lab lint clean-reports
+
+.venv/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test,notebooks,gpu,eval]"
+	$(PY) -m ipykernel install --sys-prefix --name studylib --display-name "studylib (.venv)" >/dev/null
+	touch $@
+
+setup: .venv/.installed
+
+reproduce: setup
+	.venv/bin/studylib reproduce --profile $(PROFILE)
+
+test: setup
+	$(PY) -m ruff check studylib tests benchmarks
+	$(PY) -m pytest -q -m "not gpu"
+
+lab: setup
+	.venv/bin/jupyter lab --notebook-dir=notebooks
+
+lint: setup
+	$(PY) -m ruff check studylib tests benchmarks

