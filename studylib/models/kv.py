@@ -85,23 +85,26 @@ class DenseKVCache:
         self.next_pos = self.next_pos + (new_valid if self.padded else n)
 
         self._causal = False
-        if tree_mask is None and not self.padded and self.mask_fn is None:
+        if tree_mask is None and not self.padded and self.mask_fn is None and (s == 0 or n == 1):
             # Fast paths: a fresh causal prefill, or a single decode token that sees everything.
+            # (n > 1 new tokens after a prefix need the explicit causal mask below: SDPA's is_causal
+            # aligns the triangle top-left, which would hide the prefix.)
             self._mask = None
             self._causal = s == 0 and n > 1
         else:
             local = tree_mask if tree_mask is not None else torch.ones(n, n, dtype=torch.bool, device=dev).tril()
             mask = torch.cat([torch.ones(n, s, dtype=torch.bool, device=dev), local.to(dev)], dim=1)
             mask = mask[None].expand(self.batch, n, s + n)
-            if self.padded:
-                mask = mask & self.valid[:, None, : s + n]
-                # A padding query would see nothing; let it see itself so SDPA has no empty row.
-                eye = torch.zeros(n, s + n, dtype=torch.bool, device=dev)
-                eye[:, s:] = torch.eye(n, dtype=torch.bool, device=dev)
-                mask = mask | eye
             if self.mask_fn is not None:
                 kpos = self.slot_positions(s + n)
                 mask = mask & self.mask_fn(positions, kpos)
+            if self.padded:
+                mask = mask & self.valid[:, None, : s + n]
+                # A padding query would see nothing; let it see itself so SDPA has no empty row
+                # (after mask_fn, which hides padding slots and would empty that row again).
+                eye = torch.zeros(n, s + n, dtype=torch.bool, device=dev)
+                eye[:, s:] = torch.eye(n, dtype=torch.bool, device=dev)
+                mask = mask | eye
             self._mask = mask[:, None]  # (B, 1, n, s + n)
         self.length = s + n
         return self

@@ -1,0 +1,36 @@
+"""``studylib bench ar``: the foundation's side-by-side decode benchmark."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("which", choices=["ar", "probe"], help="ar: studylib vs HF generate vs roofline; probe: machine limits")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 (default: bfloat16)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--prompts", type=int, default=4, help="number of chat prompts")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default="reports/bench", help="directory for the JSON result")
+    p.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from studylib.models import resolve_device
+
+    resolve_device(args.device)
+    if args.which == "probe":
+        from studylib.bench.roofline import machine_probe
+
+        print(json.dumps(machine_probe(args.device, args.threads), indent=2))
+        return 0
+    from studylib.bench.ar_bench import run_ar_bench, summary_lines
+
+    result = run_ar_bench(args.model, args.dtype, args.prompts, args.max_new_tokens, args.repeats,
+                          args.threads, args.device, args.out)
+    print(json.dumps(result) if args.json else "\n".join(summary_lines(result)))
+    return 0
