@@ -97,7 +97,7 @@ def _random_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, se
         else:
             p.data.normal_(0.0, 0.02, generator=gen if p.device.type == "cpu" else None)
     model.inv_freq = _inv(cfg)
-    return model.to(device=device, dtype=dtype)
+    return model.to(device=device, dtype=dtype).fuse_projections()
 
 
 def _inv(cfg: ModelConfig) -> torch.Tensor:
@@ -126,7 +126,7 @@ def _load_weights(directory: Path, cfg: ModelConfig, device: torch.device, dtype
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.inv_freq = _inv(cfg)
-    return model.to(device=device, dtype=dtype).eval()
+    return model.to(device=device, dtype=dtype).eval().fuse_projections()
 
 
 def load_model(

@@ -53,12 +53,23 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=b)
         self.v_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=b)
         self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+        self.qkv_weight: torch.Tensor | None = None  # set by fuse(): one matmul instead of three
+        self.qkv_bias: torch.Tensor | None = None
+
+    def fuse(self) -> None:
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        self.qkv_weight, self.qkv_bias = _fuse_linears(projs)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: AttentionKV) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.h, self.d).transpose(1, 2)  # (B, H, T, D)
-        k = self.k_proj(x).view(B, T, self.hkv, self.d).transpose(1, 2)  # (B, Hkv, T, D)
-        v = self.v_proj(x).view(B, T, self.hkv, self.d).transpose(1, 2)
+        if self.qkv_weight is not None:
+            q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split(
+                [self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(B, T, self.h, self.d).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, T, self.hkv, self.d).transpose(1, 2)  # (B, Hkv, T, D)
+        v = v.view(B, T, self.hkv, self.d).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = kv.attend(self.layer, q, k, v)  # (B, H, T, D)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.h * self.d))
@@ -70,9 +81,32 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_weight: torch.Tensor | None = None
+
+    def fuse(self) -> None:
+        self.gate_up_weight, _ = _fuse_linears((self.gate_proj, self.up_proj))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_weight is not None:
+            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _fuse_linears(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the weights of linears sharing an input, and re-point each linear's weight at its
+    slice of the fused tensor, so there is one copy in memory and state_dict() still works."""
+    weight = torch.cat([lin.weight.data for lin in linears], dim=0)
+    has_bias = linears[0].bias is not None
+    bias = torch.cat([lin.bias.data for lin in linears]) if has_bias else None
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight.data = weight[start : start + rows]
+        if has_bias:
+            lin.bias.data = bias[start : start + rows]
+        start += rows
+    return weight, bias
 
 
 class DecoderLayer(nn.Module):
@@ -115,6 +149,22 @@ class LlamaModel(nn.Module):
         inv_freq, scale = rope_inv_freq(cfg)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.rope_scale = scale
+
+    def fuse_projections(self) -> LlamaModel:
+        """Run q/k/v and gate/up as one matmul each: fewer, larger kernels per layer (decode on CPU
+        is dominated by per-op overhead and weight reads). Call after any dtype/device move."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        self._fused = True
+        return self
+
+    def _apply(self, fn, recurse=True):
+        # .to()/.cuda()/.bfloat16() replace parameter storage; rebuild the fused copies from them.
+        out = super()._apply(fn, recurse)
+        if getattr(self, "_fused", False):
+            self.fuse_projections()
+        return out
 
     @property
     def device(self) -> torch.device:
