@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
-torch.set_num_threads(2)
+# One thread by default: tests assert behaviour, not speed, and several pytest processes sharing two
+# cores with multi-threaded OpenMP spin-waits slow each other down by orders of magnitude.
+torch.set_num_threads(int(os.environ.get("STUDYLIB_TEST_THREADS", "1")))
 
 
 def pytest_collection_modifyitems(config, items):
