@@ -1,0 +1,68 @@
+"""Teacher-forced perplexity of a long text through our runtime, with a pluggable KV cache.
+
+The text is fed in chunks of new tokens that append to one cache, exactly as decoding would see it,
+so a sparse-attention cache (chapter 6) is measured on the context it would really keep. Only one
+chunk's logits exist at a time: memory is the cache plus ``chunk x vocab`` floats.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from studylib.errors import StudylibError
+from studylib.models import DenseKVCache
+
+# kv_factory(cfg, max_len, device, dtype) -> a cache with begin(n) returning the KV view for n new tokens.
+KVFactory = Callable[..., object]
+
+
+@dataclass
+class PerplexityResult:
+    ppl: float
+    nll: float  # mean negative log-likelihood per predicted token, in nats
+    tokens: int  # predicted tokens: len(token_ids) - 1
+    token_nll: torch.Tensor  # (tokens,) fp32 NLL of token i+1 given tokens 0..i, for per-position plots
+
+
+def _dense(cfg, max_len, device, dtype):
+    return DenseKVCache(cfg, 1, max_len, device, dtype)
+
+
+def perplexity(model, token_ids, chunk: int = 256, kv_factory: KVFactory | None = None,
+               progress: bool = False) -> PerplexityResult:
+    """Perplexity of ``token_ids`` (a list or 1-D tensor) under ``model``.
+
+    ``kv_factory`` builds the cache (default ``DenseKVCache``); ``chunk`` is how many new tokens each
+    forward takes. With a dense cache the result does not depend on ``chunk`` beyond float rounding.
+    """
+    ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
+    T = int(ids.numel())
+    if T < 2:
+        raise StudylibError("perplexity needs at least 2 tokens (one to condition on, one to predict).")
+    if chunk < 1:
+        raise StudylibError("chunk must be at least 1 token.")
+    cfg = model.config
+    if T > cfg.max_position_embeddings:
+        raise StudylibError(f"{T} tokens exceed the model's context window of {cfg.max_position_embeddings}; "
+                            "use a shorter text.")
+    device = model.device
+    kv = (kv_factory or _dense)(cfg, T, device, model.dtype)
+    ids = ids.to(device)
+    nll = torch.empty(T - 1, dtype=torch.float32)
+    starts = range(0, T - 1, chunk)  # the last token is only a target, never an input
+    if progress:
+        from tqdm.auto import tqdm
+
+        starts = tqdm(starts, desc="perplexity", unit="chunk")
+    for s in starts:
+        n = min(chunk, T - 1 - s)
+        x = ids[s : s + n][None]  # (1, n)
+        logits = model.forward(x, kv.begin(n), logits="all").logits[0].float()  # (n, V)
+        nll[s : s + n] = F.cross_entropy(logits, ids[s + 1 : s + n + 1], reduction="none").cpu()
+    mean = float(nll.mean())
+    return PerplexityResult(ppl=math.exp(mean), nll=mean, tokens=T - 1, token_nll=nll)

@@ -1,0 +1,1 @@
+"""Seeded workload generators (chapter 4's shared-prefix shapes live in ``prefix``)."""
