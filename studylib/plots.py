@@ -1,0 +1,148 @@
+"""One figure style for the whole workbook: seaborn theme, PNG output, a fixed colour per method."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import matplotlib as mpl
+import matplotlib.pyplot as plt
+import seaborn as sns
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+# A method keeps its colour in every chapter, so a reader can follow "speculative" across figures.
+PALETTE: dict[str, str] = {
+    "ar": "#4d4d4d",
+    "speculative": "#1f77b4",
+    "prompt-lookup": "#17becf",
+    "jacobi": "#9467bd",
+    "lookahead": "#e377c2",
+    "static": "#ff7f0e",
+    "continuous": "#2ca02c",
+    "sequential": "#7f7f7f",
+    "dense": "#4d4d4d",
+    "window": "#bcbd22",
+    "sinks": "#8c564b",
+    "blocksparse": "#d62728",
+    "studylib": "#1f77b4",
+    "hf": "#ff7f0e",
+    "roofline": "#2ca02c",
+}
+FIGSIZE = (7.0, 3.6)
+DPI = 110
+
+
+def setup(context: str = "notebook") -> None:
+    """Apply the workbook style; inside Jupyter also switch inline figures to PNG so reports stay light."""
+    sns.set_theme(context=context, style="whitegrid", palette="colorblind")
+    mpl.rcParams.update({
+        "figure.figsize": FIGSIZE, "figure.dpi": DPI, "savefig.dpi": DPI, "savefig.bbox": "tight",
+        "axes.titlesize": "medium", "axes.titleweight": "bold", "legend.frameon": False,
+        "legend.fontsize": "small",
+    })
+    try:
+        from IPython import get_ipython
+
+        if get_ipython() is not None:
+            from matplotlib_inline.backend_inline import set_matplotlib_formats
+
+            set_matplotlib_formats("png")
+            # The inline backend resets figure.dpi when it activates; pin it again for this kernel.
+            mpl.rcParams["figure.dpi"] = DPI
+    except ImportError:
+        pass
+
+
+def color(method: str) -> str:
+    """The method's colour; unknown names get a stable colour from the extended palette."""
+    if method in PALETTE:
+        return PALETTE[method]
+    extra = sns.color_palette("tab20", 20).as_hex()
+    return extra[sum(map(ord, method)) % len(extra)]
+
+
+def palette(methods: Iterable[str]) -> dict[str, str]:
+    """A ``hue`` palette for seaborn covering exactly ``methods``."""
+    return {m: color(m) for m in dict.fromkeys(methods)}
+
+
+def lineplot_ci(df: Any, x: str, y: str, hue: str | None = None, low: str | None = None, high: str | None = None,
+                ax: plt.Axes | None = None, logx: bool = False, logy: bool = False, title: str | None = None,
+                **kw: Any) -> plt.Axes:
+    """Lines with a shaded 95% band: from ``low``/``high`` columns if given (precomputed bootstrap CIs),
+    otherwise seaborn's bootstrap over the repeated rows of each ``x``."""
+    ax = ax if ax is not None else plt.subplots(figsize=FIGSIZE)[1]
+    pal = palette(df[hue].astype(str)) if hue else None
+    if low and high:
+        groups = df.groupby(hue, sort=False) if hue else [(None, df)]
+        for name, g in groups:
+            g = g.sort_values(x)
+            c = pal[str(name)] if pal else None
+            ax.plot(g[x], g[y], marker="o", ms=4, label=name, color=c, **kw)
+            ax.fill_between(g[x], g[low], g[high], alpha=0.2, color=c, linewidth=0)
+        if hue:
+            ax.legend(title=hue)
+    else:
+        sns.lineplot(data=df, x=x, y=y, hue=hue, palette=pal, marker="o", errorbar=("ci", 95), ax=ax, **kw)
+    if logx:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    if logy:
+        ax.set_yscale("log")
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def plain_log_axis(axis: Any) -> None:
+    """Ticks at 1-2-5 steps labelled 0.5, 1, 2 ... instead of 10^0 and 2x10^-1."""
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def roofline(ax: plt.Axes, bandwidth_gbs: float, peak_gflops: float, points: Sequence[Mapping[str, Any]] | Any,
+             label_col: str = "label") -> plt.Axes:
+    """Draw the roofline min(peak, bandwidth x intensity) on log axes and place measured points.
+
+    points: rows with ``intensity`` (FLOP/byte), ``gflops`` (achieved) and a label; a DataFrame works.
+    """
+    import numpy as np
+
+    rows = points.to_dict("records") if hasattr(points, "to_dict") else list(points)
+    ridge = peak_gflops / bandwidth_gbs  # FLOP/byte where the two roofs meet
+    xs = [r["intensity"] for r in rows] + [ridge]
+    grid = np.logspace(np.log10(min(xs) / 4), np.log10(max(xs) * 4), 200)
+    ax.plot(grid, np.minimum(peak_gflops, bandwidth_gbs * grid), color="black", lw=1.5)
+    ax.axvline(ridge, color="grey", ls=":", lw=1)
+    ax.annotate(f"ridge {ridge:.3g} FLOP/B", (ridge, peak_gflops), textcoords="offset points", xytext=(4, -12),
+                fontsize="small", color="grey")
+    for r in rows:
+        name = str(r.get(label_col, ""))
+        ax.scatter(r["intensity"], r["gflops"], s=36, color=color(name.split()[0]) if name else None, zorder=3)
+        if name:
+            ax.annotate(name, (r["intensity"], r["gflops"]), textcoords="offset points", xytext=(5, 3),
+                        fontsize="x-small")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):
+        plain_log_axis(axis)
+    ax.set_xlabel("arithmetic intensity (FLOP / byte moved)")
+    ax.set_ylabel("GFLOP/s")
+    ax.set_title(f"Roofline: {bandwidth_gbs:.3g} GB/s, {peak_gflops:.3g} GFLOP/s peak")
+    return ax
+
+
+def fmt_number(v: Any, digits: int = 3) -> str:
+    """``digits`` significant digits without scientific notation for large values (1397, 52.9, 0.00298)."""
+    if not isinstance(v, int | float) or isinstance(v, bool) or v != v:
+        return str(v)
+    if isinstance(v, int) or float(v).is_integer() and abs(v) >= 1:
+        return f"{int(v):d}"
+    return f"{v:.0f}" if abs(v) >= 10**digits else f"{v:.{digits}g}"
+
+
+def table(df: Any, digits: int = 3, index: bool = False) -> Any:
+    """A DataFrame for reading: no positional index, floats to ``digits`` significant digits."""
+    styler = df.style.format(lambda v: fmt_number(v, digits))
+    return styler if index else styler.hide(axis="index")

@@ -1,0 +1,32 @@
+"""``studylib reproduce``: execute chapter notebooks with a parameter profile and render the reports."""
+
+from __future__ import annotations
+
+import argparse
+
+from studylib.workbook.paths import PROFILES
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", default="cpu", help=f"parameter profile: {' | '.join(PROFILES)} (default: cpu)")
+    p.add_argument("--chapters", default=None, help="which chapters, e.g. 1,2 or 1-3 (default: all)")
+    p.add_argument("--out", default=None, help="report folder (default: reports/<profile>)")
+    p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a notebook parameter, e.g. -p model=<hf-id-or-path> -p device=cuda (repeatable)")
+    p.add_argument("--resume", action="store_true",
+                   help="skip chapters whose report is newer than the notebook, the profile and the sources")
+    p.add_argument("--notebooks", default=None, help="folder of NN_name.ipynb chapters (default: notebooks/)")
+    p.add_argument("--cell-timeout", type=float, default=None, help="fail a cell that runs longer (seconds)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from studylib.workbook.runner import FAILED, parse_chapters, parse_overrides, reproduce
+
+    runs = reproduce(profile=args.profile, chapters=parse_chapters(args.chapters), out_dir=args.out,
+                     overrides=parse_overrides(args.param), resume=args.resume, notebooks_dir=args.notebooks,
+                     progress=not args.no_progress, cell_timeout=args.cell_timeout)
+    failed = [r for r in runs if r.status == FAILED]
+    for r in failed:
+        print(f"studylib: chapter {r.chapter} failed: {r.error}")
+    return 1 if failed else 0

@@ -1,0 +1,44 @@
+"""Where the workbook lives: notebooks, parameter profiles and reports, relative to the checkout."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+PROFILES = ("smoke", "cpu", "gpu")
+
+
+def repo_root() -> Path:
+    """The checkout holding ``notebooks/`` (an editable install), else the current directory."""
+    here = Path(__file__).resolve().parents[2]
+    return here if (here / "notebooks").is_dir() else Path.cwd()
+
+
+def notebooks_dir() -> Path:
+    return repo_root() / "notebooks"
+
+
+def params_dir() -> Path:
+    return notebooks_dir() / "params"
+
+
+def reports_dir(profile: str) -> Path:
+    return repo_root() / "reports" / profile
+
+
+def atomic_write(path: str | Path, data: str | bytes) -> Path:
+    """Write to a temporary file beside ``path`` and rename it into place, so a reader (or a crash)
+    never sees a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

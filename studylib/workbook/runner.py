@@ -1,0 +1,316 @@
+"""Execute the chapter notebooks with papermill, render each to HTML, and write the index page.
+
+Failure isolation: a chapter runs with ``out_dir`` pointing at a private staging folder; only when
+the whole notebook succeeds (and wrote its ``chNN.json``) are its files moved into the report
+folder. A failed chapter leaves the last good ``chNN.html``/``chNN.json`` untouched and gets a
+``chNN.failed.html`` of the partially executed notebook instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from studylib.errors import StudylibError
+from studylib.workbook.chapter import to_jsonable
+from studylib.workbook.paths import PROFILES, atomic_write
+
+NOTEBOOK_RE = re.compile(r"^(\d\d)_[\w.-]+\.ipynb$")
+OK, FAILED, UP_TO_DATE = "ok", "failed", "up to date"
+# Set in the kernel's environment so library progress bars stay out of the rendered cells.
+QUIET_ENV = {"STUDYLIB_PROGRESS": "0", "TQDM_DISABLE": "1"}
+# tqdm.auto warns "IProgress not found" in a kernel without ipywidgets, which would print into a cell.
+QUIET_WARNINGS = "ignore:IProgress not found"
+
+
+@dataclass
+class ChapterRun:
+    chapter: int
+    notebook: str
+    status: str  # ok | failed | up to date
+    seconds: float = 0.0
+    error: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    finished: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def discover(notebooks_dir: str | Path) -> dict[int, Path]:
+    """Chapter number -> notebook, for every ``NN_name.ipynb`` in ``notebooks_dir``."""
+    found: dict[int, Path] = {}
+    for path in sorted(Path(notebooks_dir).glob("*.ipynb")):
+        m = NOTEBOOK_RE.match(path.name)
+        if not m:
+            continue
+        n = int(m.group(1))
+        if n in found:
+            raise StudylibError(f"two notebooks claim chapter {n}: {found[n].name} and {path.name}; rename one.")
+        found[n] = path
+    return found
+
+
+def parse_chapters(text: str | None) -> list[int] | None:
+    """"1,2" or "1-3" -> [1, 2] / [1, 2, 3]; None means all chapters."""
+    if not text:
+        return None
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                out.extend(range(lo, hi + 1))
+            elif part:
+                out.append(int(part))
+        except ValueError:
+            raise StudylibError(f"--chapters takes numbers like 1,2 or 1-3, got {text!r}.") from None
+    return sorted(set(out))
+
+
+def parse_overrides(items: Sequence[str] | None) -> dict[str, Any]:
+    """``["model=x", "batch=8"]`` -> {"model": "x", "batch": 8}; values are read as YAML scalars/lists."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise StudylibError(f"-p takes key=value (e.g. -p model=smollm2-135m), got {item!r}.")
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError:
+            out[key.strip()] = value
+    return out
+
+
+def load_profile(profile: str, params_dir: str | Path) -> dict[str, dict[str, Any]]:
+    import yaml
+
+    path = Path(params_dir) / f"{profile}.yaml"
+    if not path.exists():
+        have = sorted(p.stem for p in Path(params_dir).glob("*.yaml")) or list(PROFILES)
+        raise StudylibError(f"unknown profile {profile!r}: no {path}; choose one of {', '.join(have)}.")
+    try:
+        cfg = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise StudylibError(f"{path} is not valid YAML ({exc}); fix the file.") from None
+    if not isinstance(cfg, dict) or not all(isinstance(v, dict | None) for v in cfg.values()):
+        raise StudylibError(f"{path} must map sections (common, ch01, ch02, ...) to parameter mappings.")
+    return {k: dict(v or {}) for k, v in cfg.items()}
+
+
+def declared_parameters(notebook: Path) -> set[str]:
+    import papermill as pm
+
+    return set(pm.inspect_notebook(str(notebook)))
+
+
+def kernel_for_this_python() -> str:
+    """``studylib`` if that kernelspec runs this very interpreter (``make setup`` installs it into the
+    venv), else ``python3``, which jupyter_client maps to ``sys.executable``."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        spec = KernelSpecManager().get_kernel_spec("studylib")
+    except NoSuchKernel:
+        return "python3"
+    exe = spec.argv[0] if spec.argv else ""
+    same = Path(exe).absolute().parent == Path(sys.executable).absolute().parent
+    return "studylib" if same or exe in ("python", "python3") else "python3"
+
+
+@contextlib.contextmanager
+def _env(extra: Mapping[str, str]) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def library_sources() -> list[Path]:
+    """The files whose change makes every chapter stale: the studylib package's Python sources."""
+    import studylib
+
+    return sorted(Path(studylib.__file__).resolve().parent.rglob("*.py"))
+
+
+def source_mtime(notebook: Path, params_file: Path) -> float:
+    """Newest modification time among the notebook, its profile and the library sources."""
+    return max(p.stat().st_mtime for p in [notebook, params_file, *library_sources()])
+
+
+def up_to_date(out_dir: Path, chapter: int, notebook: Path, params_file: Path, params: dict,
+               previous: Mapping[str, Any] | None) -> bool:
+    outs = [out_dir / f"ch{chapter:02d}.html", out_dir / f"ch{chapter:02d}.json"]
+    if not all(p.exists() for p in outs) or not previous:
+        return False
+    if previous.get("status") != OK or previous.get("params") != to_jsonable(params):
+        return False
+    return min(p.stat().st_mtime for p in outs) > source_mtime(notebook, params_file)
+
+
+def _publish_tree(src: Path, dest: Path) -> None:
+    for f in sorted(src.rglob("*")):
+        if f.is_file():
+            target = dest / f.relative_to(src)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(f, target)
+
+
+def _error_text(exc: BaseException) -> str:
+    from papermill.exceptions import PapermillExecutionError
+
+    if isinstance(exc, PapermillExecutionError):
+        return f"cell [{exc.exec_count}]: {exc.ename}: {exc.evalue}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def run_chapter(notebook: Path, chapter: int, params: dict[str, Any], out_dir: Path, kernel_name: str,
+                cell_timeout: float | None = None) -> ChapterRun:
+    """Execute one notebook; publish its outputs only if it succeeded. Never raises for a failed cell."""
+    import nbformat
+    import papermill as pm
+
+    from studylib.workbook.render import render_html
+
+    nn = f"ch{chapter:02d}"
+    staging = out_dir / ".staging"
+    stage, executed = staging / nn, staging / f"{nn}.ipynb"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    executed.unlink(missing_ok=True)
+    params = {**params, "out_dir": str(stage)}
+    t0 = time.perf_counter()
+    error = None
+    try:
+        warn = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), QUIET_WARNINGS) if w)
+        with _env({**QUIET_ENV, "PYTHONWARNINGS": warn}):
+            pm.execute_notebook(str(notebook), str(executed), parameters=params, kernel_name=kernel_name,
+                                cwd=str(notebook.parent), progress_bar=False, log_output=False,
+                                execution_timeout=cell_timeout)
+        if not (stage / f"{nn}.json").exists():
+            error = (f"the notebook ran but wrote no {nn}.json; end it with "
+                     f"studylib.workbook.save_chapter(chapter={chapter}, ..., out_dir=out_dir).")
+    except Exception as exc:  # a failing chapter must not stop the others
+        error = _error_text(exc)
+    seconds = time.perf_counter() - t0
+    try:
+        nb = nbformat.read(str(executed), as_version=4) if executed.exists() else None
+        if error is None:
+            _publish_tree(stage, out_dir)
+            atomic_write(out_dir / f"{nn}.html", render_html(nb))
+            os.replace(executed, out_dir / f"{nn}.ipynb")
+            for stale in (f"{nn}.failed.html", f"{nn}.failed.ipynb"):
+                (out_dir / stale).unlink(missing_ok=True)
+        else:
+            atomic_write(out_dir / f"{nn}.failed.html", render_html(nb, error=error, title=notebook.stem))
+            if nb is not None:
+                os.replace(executed, out_dir / f"{nn}.failed.ipynb")
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        executed.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            staging.rmdir()
+    finished = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    return ChapterRun(chapter, notebook.name, FAILED if error else OK, round(seconds, 1), error,
+                      to_jsonable({k: v for k, v in params.items() if k != "out_dir"}), finished)
+
+
+def chapter_parameters(cfg: Mapping[str, dict], chapter: int, declared: set[str], overrides: Mapping[str, Any],
+                       profile: str) -> dict[str, Any]:
+    """common (where the notebook declares the key) < chNN section < -p overrides (where declared)."""
+    params = {k: v for k, v in cfg.get("common", {}).items() if k in declared}
+    params.update(cfg.get(f"ch{chapter:02d}", {}))
+    params.update({k: v for k, v in overrides.items() if k in declared})
+    params["profile"] = profile
+    return params
+
+
+def read_index(out_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((out_dir / "index.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def reproduce(profile: str = "cpu", chapters: Sequence[int] | None = None, out_dir: str | Path | None = None,
+              overrides: Mapping[str, Any] | None = None, resume: bool = False,
+              notebooks_dir: str | Path | None = None, params_dir: str | Path | None = None,
+              progress: bool = True, cell_timeout: float | None = None) -> list[ChapterRun]:
+    """Run the chosen chapters of ``profile`` and (re)write ``<out_dir>/index.html``."""
+    from tqdm.auto import tqdm
+
+    from studylib.workbook import paths
+    from studylib.workbook.render import write_index
+
+    nb_dir = Path(notebooks_dir) if notebooks_dir else paths.notebooks_dir()
+    p_dir = Path(params_dir) if params_dir else nb_dir / "params"
+    cfg = load_profile(profile, p_dir)
+    available = discover(nb_dir)
+    if not available:
+        raise StudylibError(f"no chapter notebooks (NN_name.ipynb) in {nb_dir}; run from the repository root.")
+    wanted = list(chapters) if chapters else sorted(available)
+    missing = [c for c in wanted if c not in available]
+    if missing:
+        raise StudylibError(f"no chapter {', '.join(map(str, missing))} in {nb_dir}; available chapters: "
+                            f"{', '.join(map(str, sorted(available)))}.")
+    out = Path(out_dir) if out_dir else paths.reports_dir(profile)
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    overrides = dict(overrides or {})
+    declared = {c: declared_parameters(available[c]) for c in wanted}
+    unused = sorted(set(overrides) - set().union(*declared.values()))
+    if unused:
+        raise StudylibError(f"-p {', '.join(unused)}: no chosen chapter has such a parameter; check the "
+                            "spelling against the notebooks' parameters cells.")
+    for c in wanted:
+        stray = sorted(set(cfg.get(f"ch{c:02d}", {})) - declared[c])
+        if stray:
+            raise StudylibError(f"{p_dir / (profile + '.yaml')}: ch{c:02d} sets {', '.join(stray)}, which "
+                                f"{available[c].name} has no parameter for; fix the spelling or add it to the "
+                                "notebook's parameters cell.")
+    index = read_index(out)
+    records: dict[str, Any] = dict(index.get("chapters", {}))
+    kernel = kernel_for_this_python()
+    params_file = p_dir / f"{profile}.yaml"
+    runs: list[ChapterRun] = []
+    bar = tqdm(wanted, desc=f"reproduce {profile}", unit="chapter", disable=not progress)
+    for c in bar:
+        nb = available[c]
+        params = chapter_parameters(cfg, c, declared[c], overrides, profile)
+        prev = records.get(str(c))
+        bar.set_description(f"ch{c:02d} {nb.stem}")
+        if resume and up_to_date(out, c, nb, params_file, params, prev):
+            run = ChapterRun(c, nb.name, UP_TO_DATE, prev.get("seconds", 0.0), None, prev["params"],
+                             prev.get("finished", ""))
+        else:
+            run = run_chapter(nb, c, params, out, kernel, cell_timeout)
+            records[str(c)] = run.to_dict()
+        runs.append(run)
+        bar.set_postfix_str(f"ch{c:02d} {run.status} in {run.seconds:.0f} s")
+        tqdm.write(f"ch{c:02d} {nb.stem}: {run.status} ({run.seconds:.1f} s)"
+                   + (f"\n  error: {run.error}" if run.error else ""), file=sys.stderr)
+    bar.close()
+    index = {"profile": profile, "updated": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+             "chapters": records}
+    atomic_write(out / "index.json", json.dumps(index, indent=1, ensure_ascii=False))
+    write_index(out, index, available)
+    return runs
