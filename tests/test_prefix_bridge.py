@@ -49,3 +49,18 @@ def test_tiny_pool_evicts_instead_of_failing(tiny):
             ar.generate(model, p, 8, tokenizer=tok).token_ids
     store.pool.check_accounting()
     assert store.metrics.evictions > 0
+
+
+def test_lookahead_with_prefix_store_is_token_identical(tiny):
+    from studylib.decoding import lookahead
+
+    model, tok = tiny
+    store = PrefixStore(model, capacity_tokens=512, block_size=4)
+    shared = tok.encode("a shared preamble for lookahead requests. ")
+    for q in ("alpha beta", "gamma delta", "alpha beta"):
+        p = shared + tok.encode(q)
+        ref = ar.generate(model, p, 24, tokenizer=tok)
+        got = lookahead.generate(model, p, 24, tokenizer=tok, window=3, ngram=3, guesses=3, prefix_store=store)
+        assert got.token_ids == ref.token_ids
+    assert got.extra["prefix_hit_tokens"] >= len(p) - 4
+    store.pool.check_accounting()

@@ -27,14 +27,15 @@ from dataclasses import dataclass
 
 import torch
 
-from studylib.decoding.common import Stopwatch, as_ids, check_lengths, clip_at_stop, eos_set
+from studylib.decoding.common import Stopwatch, check_lengths, clip_at_stop, eos_set
 from studylib.decoding.jacobi import require_greedy
 from studylib.decoding.ngram_pool import NGramPool, PoolConfig
 from studylib.decoding.result import GenerationResult
 from studylib.decoding.tree_mask import lookahead_layout
 from studylib.decoding.verify import verify_greedy
 from studylib.errors import StudylibError
-from studylib.models import DenseKVCache, LlamaModel
+from studylib.kvcache.dense_bridge import prefill
+from studylib.models import LlamaModel
 from studylib.sampling import SamplingParams
 
 
@@ -84,7 +85,9 @@ def generate(
     pool_per_key: int | None = None,
     seed: int = 0,
     merge: bool = True,
+    prefix_store=None,
 ) -> GenerationResult:
+    """``prefix_store``: a ``kvcache.dense_bridge.PrefixStore``; the prompt's cached prefix is reused."""
     cfg = LookaheadConfig(window, ngram, guesses, prompt_pool, pool_per_key, seed=seed, merge=merge)
     require_greedy(sampling, "lookahead")
     W, m = cfg.window, cfg.ngram - 1
@@ -92,10 +95,9 @@ def generate(
     eos = eos_set(model, tokenizer)
     dev = model.device
     clock = Stopwatch(dev)
-    cache = DenseKVCache(model.config, 1, cap, dev, model.dtype)
     prompt = [int(t) for t in prompt_ids]
-    ids = as_ids(prompt, dev)
-    first = model(ids, cache.begin(ids.shape[1]), logits="last").logits[0, -1]
+    cache, first = prefill(model, prompt, cap, prefix_store)
+    first = first[0]
     out = [int(first.argmax())]
     ttft = clock.elapsed()
     pool = NGramPool(PoolConfig(cfg.per_key, cfg.pool_keys))
@@ -157,9 +159,13 @@ def generate(
     extra = {"window": W, "ngram": cfg.ngram, "guesses": cfg.guesses, "prompt_pool": cfg.prompt_pool,
              "pool_size": len(pool), "pool_evicted": pool.evicted, "hit_steps": hits,
              "forward_tokens": forward_tokens}
+    wall = clock.elapsed()
+    if prefix_store is not None:
+        extra["prefix_hit_tokens"] = prefix_store.last_hit
+        prefix_store.store(prompt + out, cache)
     return GenerationResult(
         token_ids=out, text=tokenizer.decode(out) if tokenizer is not None else "", new_tokens=len(out),
         target_forwards=len(forward_tokens), steps=len(accepted), accepted_lengths=accepted,
-        ttft_s=ttft, wall_s=clock.elapsed(), prompt_tokens=len(prompt), method="lookahead",
+        ttft_s=ttft, wall_s=wall, prompt_tokens=len(prompt), method="lookahead",
         stop_reason=stop, extra=extra,
     )
