@@ -1,0 +1,105 @@
+"""vLLM's CPU build as a serving peer for chapter 5, on exactly the requests the chapter served.
+
+Runs in its own virtual environment (see README.md here), never in CI, and imports nothing from
+studylib: the chapter exports its requests as token ids (``<out_dir>/peers/ch05_requests.jsonl``), this
+script serves them all at t = 0 (saturation, vLLM's offline ``LLM.generate``), greedy, and writes a
+summary the notebook shows beside our arms (``<out_dir>/peers/vllm_cpu.json``).
+
+    .venv-vllm/bin/python benchmarks/peers/vllm_cpu.py --model "$(.venv/bin/python -c \
+        'from studylib.models import model_dir; print(model_dir("smollm2-135m"))')" \
+        --requests reports/cpu/peers/ch05_requests.jsonl --out reports/cpu/peers/vllm_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def read_requests(path: Path) -> list[dict]:
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            ids, budget = row["prompt_token_ids"], int(row["max_new_tokens"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            sys.exit(f"{path}:{lineno}: expected {{id, prompt_token_ids, max_new_tokens}}; rerun chapter 5 to export.")
+        rows.append({"id": str(row.get("id", lineno)), "prompt_token_ids": [int(t) for t in ids],
+                     "max_new_tokens": budget})
+    if not rows:
+        sys.exit(f"{path} holds no requests.")
+    return rows
+
+
+def percentiles(values: list[float]) -> dict:
+    if not values:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    import numpy as np
+
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {"mean": float(np.mean(values)), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="HF-format checkpoint directory (studylib.models.model_dir)")
+    p.add_argument("--requests", required=True, type=Path, help="chapter 5's exported ch05_requests.jsonl")
+    p.add_argument("--out", required=True, type=Path, help="where to write the JSON summary")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--max-num-seqs", type=int, default=16, help="like our --max-running")
+    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="like our --max-batch-tokens")
+    p.add_argument("--prefix-caching", action="store_true", help="enable vLLM's automatic prefix caching")
+    p.add_argument("--kv-cache-gib", type=float, default=1.0, help="VLLM_CPU_KVCACHE_SPACE equivalent")
+    args = p.parse_args()
+
+    import os
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(args.kv_cache_gib))))
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    reqs = read_requests(args.requests)
+    longest = max(len(r["prompt_token_ids"]) + r["max_new_tokens"] for r in reqs)
+    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=max(longest, 256),
+              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=max(args.max_num_batched_tokens, longest),
+              enable_prefix_caching=args.prefix_caching, seed=0)
+    prompts = [TokensPrompt(prompt_token_ids=r["prompt_token_ids"]) for r in reqs]
+    params = [SamplingParams(temperature=0.0, max_tokens=r["max_new_tokens"]) for r in reqs]
+    llm.generate(prompts[:1], params[:1], use_tqdm=False)  # warm-up (graph capture, allocator)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    duration = time.perf_counter() - start
+
+    tokens = [len(o.outputs[0].token_ids) for o in outs]
+    ttft, tpot = [], []
+    for o, n in zip(outs, tokens, strict=True):
+        m = getattr(o, "metrics", None)  # per-request timings, where this vLLM version records them
+        first, arrival, last = (getattr(m, k, None) for k in ("first_token_time", "arrival_time", "last_token_time"))
+        if first is not None and arrival is not None:
+            ttft.append(first - arrival)
+            if last is not None and n > 1:
+                tpot.append((last - first) / (n - 1))
+    summary = {
+        "peer": "vLLM CPU (offline LLM.generate, all requests at t=0)", "vllm_version": vllm.__version__,
+        "model": args.model, "dtype": args.dtype, "requests": len(reqs), "output_tokens": sum(tokens),
+        "duration_s": duration, "throughput_tok_s": sum(tokens) / duration, "requests_per_s": len(reqs) / duration,
+        "prefix_caching": args.prefix_caching, "max_num_seqs": args.max_num_seqs,
+        "ttft_s": percentiles(ttft), "tpot_s": percentiles(tpot),
+        "tpot_p99_s": percentiles(tpot)["p99"], "token_ids": {r["id"]: list(o.outputs[0].token_ids)
+                                                            for r, o in zip(reqs, outs, strict=True)},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    print(f"vLLM {vllm.__version__}: {summary['output_tokens']} tokens in {duration:.2f} s = "
+          f"{summary['throughput_tok_s']:.1f} tok/s -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Chapter 5 figures: throughput-latency curves, utilisation over time, and speculative vs. batching gains."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.colors as mcolors
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+from matplotlib.ticker import FuncFormatter, NullFormatter
+
+from studylib import plots
+
+# EAGLE-3 in SGLang (Li et al. 2025): speculative throughput gain by batch size (LLaMA-3.1-8B, H100).
+EAGLE3_SGLANG = {2: 1.81, 64: 1.38}
+
+
+def _arm_palette(arms) -> dict[str, str]:
+    # An arm keeps its scheduler's colour; the +radix variant gets a darker shade of it.
+    out = {}
+    for a in arms:
+        base = mcolors.to_rgb(plots.color(a.split("+")[0]))
+        out[a] = mcolors.to_hex([c * 0.55 for c in base]) if "+" in a else mcolors.to_hex(base)
+    return out
+
+
+def _plain(ax) -> None:
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
+
+
+def plot_tradeoff(curve: pd.DataFrame):
+    """Throughput (x) vs. p99 TTFT and p99 TPOT (y), one line per arm, ordered by arrival rate."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    pal = _arm_palette(curve["arm"].unique())
+    for arm, g in curve.groupby("arm", sort=False):
+        g = g.assign(order=g["rate"].replace(math.inf, 1e12)).sort_values("order")
+        style = "--" if "+radix" in arm else "-"
+        for ax, y in zip(axes, ("ttft_p99_s", "tpot_p99_s"), strict=True):
+            ax.plot(g["throughput_tok_s"], g[y], style, marker="o", ms=4, color=pal[arm], label=arm)
+            sat = g[g["rate"] == math.inf]
+            ax.scatter(sat["throughput_tok_s"], sat[y], s=70, facecolors="none", edgecolors=pal[arm])
+    axes[0].set(xlabel="output tokens / s", ylabel="p99 TTFT (s)", yscale="log", title="Throughput vs. p99 TTFT")
+    axes[1].set(xlabel="output tokens / s", ylabel="p99 TPOT (s)", title="Throughput vs. p99 TPOT")
+    axes[1].legend(title="arm (circle = saturation)", fontsize="x-small")
+    for ax in axes:
+        _plain(ax)
+    fig.tight_layout()
+    return fig
+
+
+def plot_utilisation(util: pd.DataFrame):
+    """Running batch size, queue length and KV-pool use over time, one panel each, one line per arm."""
+    if not len(util):
+        return None
+    names = {"batch_seqs": "sequences in the step", "waiting": "queue length", "kv_used": "KV budget in use"}
+    util = util.assign(metric=util["metric"].map(names))
+    g = sns.relplot(data=util, x="t", y="value", hue="arm", row="metric", kind="line", drawstyle="steps-pre",
+                    palette=_arm_palette(util["arm"].unique()), height=1.9, aspect=4.2,
+                    facet_kws={"sharey": False})
+    g.set_titles(row_template="{row_name}")
+    g.set_axis_labels("time since the first arrival (s)", "")
+    return g.figure
+
+
+def plot_c8(c8: pd.DataFrame):
+    """Batching gain G(B) and speculative gain S(B) vs. batch size, with EAGLE-3's SGLang points."""
+    fig, ax = plt.subplots(figsize=plots.FIGSIZE)
+    ax.plot(c8["batch"], c8["batching_gain"], marker="o", color=plots.color("continuous"),
+            label="batching: throughput vs. batch 1")
+    ax.plot(c8["batch"], c8["speculative_gain"], marker="o", color=plots.color("speculative"),
+            label="speculative: gain at this batch (ours, modelled)")
+    ax.scatter(list(EAGLE3_SGLANG), list(EAGLE3_SGLANG.values()), marker="x", s=60, color="black",
+               label="EAGLE-3 in SGLang (8B, H100)")
+    ax.axhline(1.0, color="grey", lw=1, ls=":")
+    ax.set(xscale="log", yscale="log", xlabel="batch size (sequences per step)", ylabel="gain (x)",
+           title="Batching gain and speculative gain by batch size")
+    _plain(ax)
+    ax.legend(fontsize="x-small")
+    return fig

@@ -1,0 +1,226 @@
+"""Chapter 5, second half: how speculative decoding's gain interacts with batching (C8), and the peers.
+
+Speculative decoding trades spare compute for fewer sequential steps. At batch 1 a decode step is
+memory-bound, so verifying gamma+1 tokens costs about as much as one; as the batch grows the step
+becomes compute-bound, verification costs more, and the gain shrinks (EAGLE-3 in SGLang: 1.81x at
+batch 2, 1.38x at batch 64). We measure the runtime's step time for B sequences x k new tokens and
+combine it with chapter 2's acceptance rate alpha:
+
+    tokens per verify step  E = (1 - alpha^(gamma+1)) / (1 - alpha)
+    speculative gain at B   S(B) = E * T(B, 1) / (T(B, gamma+1) + gamma * c * T(B, 1))
+    batching gain at B      G(B) = B * T(1, 1) / T(B, 1)
+
+with c the draft's cost per token relative to the target's (chapter 2's cost ratio when recorded).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from studylib.claims import Verdict, judge_all, load_chapter
+from studylib.decoding.common import Stopwatch
+from studylib.kvcache import PagedBatch, PagedKVPool
+from studylib.serving.workload import WorkloadItem, to_requests
+
+CHAPTER = 5
+
+
+@torch.inference_mode()
+def step_curve(model, batches: Sequence[int], gamma: int, context: int = 128, repeats: int = 3) -> pd.DataFrame:
+    """Median seconds of one forward over B sequences x k new tokens (k = 1 and gamma + 1) at ``context``
+    cached tokens, through the same paged view the engine uses. The KV values are zeros: the step's
+    cost does not depend on them."""
+    rows = []
+    dev = model.device
+    for b in batches:
+        for k in (1, gamma + 1):
+            pool = PagedKVPool(model.config, block_size=16, num_blocks=b * -(-(context + k) // 16),
+                               device=dev, dtype=model.dtype)
+            tables = [pool.alloc(pool.blocks_for(context + k)) for _ in range(b)]
+            ids = torch.randint(3, model.config.vocab_size, (1, b * k), device=dev)  # (1, B*k)
+            times = []
+            for r in range(repeats + 1):
+                view = PagedBatch(pool, tables, [context] * b, [k] * b)
+                clock = Stopwatch(dev)
+                model(ids, view, logits=view.logit_index())
+                if r:  # the first call warms this shape up
+                    times.append(clock.elapsed())
+            rows.append({"batch": b, "tokens_per_seq": k, "step_s": float(pd.Series(times).median())})
+    return pd.DataFrame(rows)
+
+
+def reports_folder(out_dir: str | Path) -> Path:
+    """The profile's reports folder. ``studylib reproduce`` runs a chapter with ``out_dir`` set to
+    ``<reports>/.staging/chNN`` (published on success), so the other chapters' files are two levels up."""
+    out = Path(out_dir)
+    return out.parent.parent if out.parent.name == ".staging" else out
+
+
+def _find_alpha(node: Any, found: list[dict]) -> None:
+    if isinstance(node, dict):
+        if isinstance(node.get("alpha"), int | float) and 0 < node["alpha"] < 1:
+            found.append(node)
+        for v in node.values():
+            _find_alpha(v, found)
+    elif isinstance(node, list):
+        for v in node:
+            _find_alpha(v, found)
+
+
+def speculative_inputs(out_dir: str | Path, alpha: float, gamma: int, draft_cost: float) -> dict:
+    """alpha (and the draft cost ratio, gamma) from ``<out_dir>/ch02.json`` when chapter 2 recorded them,
+    else the given parameters. Prefers rows of a draft-model method ("speculative"/"distilled")."""
+    path = reports_folder(out_dir) / "ch02.json"
+    out = {"alpha": alpha, "gamma": gamma, "draft_cost": draft_cost, "source": "parameters (no ch02.json)"}
+    if not path.is_file():
+        return out
+    found: list[dict] = []
+    meas = load_chapter(path).get("measurements", {})
+    _find_alpha(meas.get("overall", []), found)  # chapter 2's per-method summary over all workloads
+    if not found:
+        _find_alpha(meas, found)
+    spec = [d for d in found if any(w in str(d.get("method", d.get("spec", ""))).lower()
+                                    for w in ("speculative", "distil", "draft", "sps"))] or found
+    if not spec:
+        out["source"] = "parameters (ch02.json has no alpha)"
+        return out
+    out["alpha"] = float(pd.Series([d["alpha"] for d in spec]).median())
+    costs = [d["cost_ratio"] for d in spec if isinstance(d.get("cost_ratio"), int | float)]
+    if not costs:  # chapter 2 keeps the drafts' measured costs in its draft table
+        costs = [d["cost_ratio"] for d in meas.get("draft_table", []) if isinstance(d, dict)
+                 and isinstance(d.get("cost_ratio"), int | float) and d["cost_ratio"] > 0]
+    if costs:
+        out["draft_cost"] = float(pd.Series(costs).median())
+    out["source"] = f"ch02.json (median of {len(spec)} rows with alpha)"
+    return out
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Tokens committed per verification with i.i.d. acceptance ``alpha`` and ``gamma`` drafts."""
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1.0
+
+
+def c8_table(curve: pd.DataFrame, alpha: float, gamma: int, draft_cost: float) -> pd.DataFrame:
+    """Per batch size: the batching gain G(B) and the speculative gain S(B) (module docstring)."""
+    t1 = curve[curve["tokens_per_seq"] == 1].set_index("batch")["step_s"]
+    tv = curve[curve["tokens_per_seq"] == gamma + 1].set_index("batch")["step_s"]
+    e = expected_tokens(alpha, gamma)
+    rows = []
+    for b in t1.index:
+        rows.append({"batch": int(b), "step_ms": t1[b] * 1e3, "verify_ms": tv[b] * 1e3,
+                     "verify_over_step": tv[b] / t1[b], "batching_gain": b * t1[t1.index.min()] / t1[b],
+                     "speculative_gain": e * t1[b] / (tv[b] + gamma * draft_cost * t1[b])})
+    return pd.DataFrame(rows)
+
+
+def ch01_curve(out_dir: str | Path) -> pd.DataFrame | None:
+    """Chapter 1's decode step time vs. batch (``batch_scaling``), for a cross-check, if recorded."""
+    path = reports_folder(out_dir) / "ch01.json"
+    if not path.is_file():
+        return None
+    rows = load_chapter(path).get("measurements", {}).get("batch_scaling")
+    if not rows:
+        return None
+    df = pd.DataFrame(rows)
+    return df[[c for c in ("batch", "step_ms", "time_vs_batch1", "tokens_vs_batch1") if c in df]]
+
+
+def judge_c8(c8: pd.DataFrame, measured_batching_gain: float | None, prefix_effect: dict | None,
+             conditions: str) -> Verdict:
+    """C8 (local gains do not compose): speculative decoding helps a single request, its gain shrinks as
+    the batch grows, batching's gain at saturation exceeds it, and the prefix cache helps TTFT more than TPOT."""
+    first, last = c8.iloc[0], c8.iloc[-1]
+    checks = {
+        f"speculative gain at batch {int(first.batch)} > 1 ({first.speculative_gain:.2f}x)": first.speculative_gain > 1,
+        f"it shrinks by batch {int(last.batch)} ({last.speculative_gain:.2f}x)":
+            last.speculative_gain < first.speculative_gain,
+    }
+    if measured_batching_gain is not None:
+        checks[f"batching gain at saturation {measured_batching_gain:.2f}x > speculative single-request "
+               f"{first.speculative_gain:.2f}x"] = measured_batching_gain > first.speculative_gain
+    if prefix_effect:
+        checks[f"prefix cache cuts p50 TTFT x{prefix_effect['ttft_gain']:.2f} vs. TPOT x{prefix_effect['tpot_gain']:.2f}"
+               ] = prefix_effect["ttft_gain"] > prefix_effect["tpot_gain"]
+    return judge_all("C8", "speculative gain at the largest batch / at batch 1", checks,
+                     claimed="local accelerations do not compose; a global, co-designed view is needed",
+                     conditions=conditions, chapter=CHAPTER,
+                     measured=float(last.speculative_gain / first.speculative_gain))
+
+
+def prefix_effect(curve: pd.DataFrame, scheduler: str = "continuous") -> dict | None:
+    """p50 TTFT and TPOT of ``scheduler`` without / with the radix cache, at saturation."""
+    sat = curve[curve["rate"] == float("inf")].set_index("arm")
+    a, b = scheduler, f"{scheduler}+radix"
+    if not {a, b} <= set(sat.index):
+        return None
+    return {"ttft_gain": sat.loc[a, "ttft_p50_s"] / sat.loc[b, "ttft_p50_s"],
+            "tpot_gain": sat.loc[a, "tpot_p50_s"] / sat.loc[b, "tpot_p50_s"],
+            "hit_rate": sat.loc[b, "prefix_hit_rate"]}
+
+
+# ---- peers ----------------------------------------------------------------------------------------
+
+def hf_static_peer(model_name: str, tokenizer, items: Sequence[WorkloadItem], batch_size: int,
+                   device: str = "cpu", dtype: str | None = None) -> dict:
+    """HF transformers ``generate`` with left padding, fixed batches run to completion (static batching),
+    greedy, on the same requests. Counts each request's tokens up to its own budget or EOS."""
+    from studylib.models import load_hf_model
+
+    hf = load_hf_model(model_name, device, dtype)
+    reqs = to_requests(list(items), tokenizer)
+    eos = {tokenizer.eos_token_id} if getattr(tokenizer, "eos_token_id", None) is not None else set()
+    pad = getattr(tokenizer, "pad_token_id", None)
+    pad = pad if pad is not None else (min(eos) if eos else 0)
+    useful, start = 0, time.perf_counter()
+    for i in range(0, len(reqs), batch_size):
+        batch = reqs[i : i + batch_size]
+        L = max(len(r.prompt_ids) for r in batch)
+        ids = torch.full((len(batch), L), pad, dtype=torch.long)
+        mask = torch.zeros(len(batch), L, dtype=torch.long)
+        for b, r in enumerate(batch):
+            ids[b, L - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+            mask[b, L - len(r.prompt_ids):] = 1
+        with torch.inference_mode():
+            out = hf.generate(input_ids=ids.to(hf.device), attention_mask=mask.to(hf.device), do_sample=False,
+                              max_new_tokens=max(r.max_new_tokens for r in batch), pad_token_id=pad)
+        for b, r in enumerate(batch):
+            toks = out[b, L : L + r.max_new_tokens].tolist()
+            cut = next((j + 1 for j, t in enumerate(toks) if t in eos), len(toks))
+            useful += cut
+    dur = time.perf_counter() - start
+    return {"peer": "HF transformers generate (static, padded)", "batch_size": batch_size, "requests": len(reqs),
+            "output_tokens": useful, "duration_s": dur, "throughput_tok_s": useful / dur}
+
+
+def vllm_peer(out_dir: str | Path) -> dict | None:
+    """The vLLM CPU peer's summary (``benchmarks/peers/vllm_cpu.py --out <out_dir>/peers/vllm_cpu.json``)."""
+    path = reports_folder(out_dir) / "peers" / "vllm_cpu.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def export_requests(items: Sequence[WorkloadItem], tokenizer, path: str | Path) -> Path:
+    """Write the chapter's requests as token ids (JSONL: id, prompt_token_ids, max_new_tokens), so a peer
+    in another virtual environment (``benchmarks/peers/vllm_cpu.py``) serves exactly the same work."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"id": r.id, "prompt_token_ids": r.prompt_ids, "max_new_tokens": r.max_new_tokens})
+             for r in to_requests(list(items), tokenizer)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def explain_c8(c8: pd.DataFrame, gamma: int) -> str:
+    """One sentence reading the C8 table (true whatever the numbers are)."""
+    a, b = c8.iloc[0], c8.iloc[-1]
+    trend = "shrinks" if b.speculative_gain < a.speculative_gain else "does not shrink"
+    return (f"Verifying {gamma + 1} tokens per sequence costs {a.verify_over_step:.2f}x a plain decode step at batch "
+            f"{int(a.batch)} and {b.verify_over_step:.2f}x at batch {int(b.batch)}; the modelled speculative gain "
+            f"goes from {a.speculative_gain:.2f}x to {b.speculative_gain:.2f}x ({trend} over this range), while "
+            f"batching alone gives {b.batching_gain:.2f}x the batch-{int(a.batch)} throughput at batch {int(b.batch)}.")

@@ -1,0 +1,105 @@
+"""``studylib bench-serve``: replay a workload against the serving engine and report vLLM-style metrics.
+
+    studylib bench-serve --model smollm2-135m --workload chat --scheduler continuous \
+        --prefix-cache radix --rate 4 --num-requests 32 --json
+
+``--scheduler sequential --prefix-cache radix`` is also how chapter 4 takes single-stream TTFT numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--rate must be a number of requests/s or 'inf', got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"--rate must be > 0 (inf = all requests at t=0), got {text!r}")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m", help="model name, path or HF id (default: smollm2-135m)")
+    p.add_argument("--workload", default="chat",
+                   help="a data set (chat, chat:<category>, xsum, narrativeqa, humaneval), 'synthetic' "
+                        "(random token ids), or a JSONL file (id, prompt|messages, max_new_tokens, arrival_s)")
+    p.add_argument("--scheduler", default="continuous", choices=["sequential", "static", "continuous"])
+    p.add_argument("--prefix-cache", default="none", choices=["none", "radix"])
+    p.add_argument("--rate", type=_rate, default=math.inf,
+                   help="mean arrival rate in requests/s (default inf: all at t=0, i.e. saturation)")
+    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps (1 = Poisson)")
+    p.add_argument("--num-requests", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="cap on every request's output")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate max_new_tokens (vLLM's option)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the workload sample and the arrivals")
+    p.add_argument("--max-batch-tokens", type=int, default=512)
+    p.add_argument("--max-running", type=int, default=32, help="requests in flight (static: batch size)")
+    p.add_argument("--chunk-size", type=int, default=None, help="longest prefill chunk (default: batch tokens)")
+    p.add_argument("--cache-aware", action="store_true", help="admit the longest cached prefix first")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-budget-mib", type=float, default=256.0)
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="bit-exact vs. single-request decoding (row-by-row kernels; slow)")
+    p.add_argument("--slo-ttft", type=float, default=None, help="goodput SLO on TTFT (s)")
+    p.add_argument("--slo-tpot", type=float, default=None, help="goodput SLO on TPOT (s)")
+    p.add_argument("--slo-e2el", type=float, default=None, help="goodput SLO on end-to-end latency (s)")
+    p.add_argument("--dtype", default=None, help="float32 (CPU default) | bfloat16 | float16 (CUDA only)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--records", default=None, help="write one JSONL line per request to this file")
+    p.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
+    p.add_argument("--json", action="store_true", help="print one JSON summary object")
+
+
+def run(args: argparse.Namespace) -> int:
+    from studylib.errors import StudylibError
+    from studylib.models import load_model
+    from studylib.serving.engine import Engine, EngineConfig
+    from studylib.serving.workload import make_workload, to_requests
+
+    if args.num_requests < 1:
+        raise StudylibError(f"--num-requests must be >= 1, got {args.num_requests}.")
+    if args.max_new_tokens < 1:
+        raise StudylibError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
+    slo = {k: v for k, v in (("ttft_s", args.slo_ttft), ("tpot_s", args.slo_tpot), ("e2el_s", args.slo_e2el))
+           if v is not None}
+    config = EngineConfig(
+        scheduler=args.scheduler, prefix_cache=args.prefix_cache, max_batch_tokens=args.max_batch_tokens,
+        max_running=args.max_running, chunk_size=args.chunk_size, cache_aware=args.cache_aware,
+        block_size=args.block_size, kv_budget_mib=args.kv_budget_mib, batch_invariant=args.batch_invariant)
+    model, tok = load_model(args.model, args.device, args.dtype)
+    items = make_workload(args.workload, args.num_requests, args.seed, args.max_new_tokens, tok)
+    requests = to_requests(items, tok, rate=args.rate, burstiness=args.burstiness, seed=args.seed,
+                           max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos)
+    result = Engine(model, config, tok).run(requests, progress=args.progress)
+    summary = result.summary(slo)
+    summary.update(model=model.config.name, random_weights=model.config.random_weights,
+                   scheduler=args.scheduler, prefix_cache=args.prefix_cache,
+                   rate=args.rate if math.isfinite(args.rate) else "inf",
+                   workload=args.workload)
+    if args.records:
+        from pathlib import Path
+
+        Path(args.records).write_text("".join(json.dumps(r) + "\n" for r in result.records()), encoding="utf-8")
+    for r in requests:
+        if r.stop_reason == "rejected":
+            print(f"studylib: warning: {r.error}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(summary, allow_nan=False))
+    else:
+        d = summary
+        print(f"{args.scheduler} / prefix {args.prefix_cache} / rate {args.rate:g} req/s on {model.config.name}: "
+              f"{d['requests']} requests, {d['output_tokens']} tokens in {d['duration_s']:.2f} s")
+        print(f"  throughput {d['throughput_tok_s']:.1f} tok/s, {d['requests_per_s']:.2f} req/s; "
+              f"prefix hit rate {d['prefix_hit_rate']:.1%}")
+        for key in ("ttft_s", "tpot_s", "itl_s", "e2el_s"):
+            v = d[key]
+            if v["mean"] is not None:
+                print(f"  {key[:-2]:>5}: mean {v['mean'] * 1e3:.1f} ms  p50 {v['p50'] * 1e3:.1f}  "
+                      f"p90 {v['p90'] * 1e3:.1f}  p99 {v['p99'] * 1e3:.1f}")
+    return 0

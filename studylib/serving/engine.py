@@ -1,0 +1,223 @@
+"""The serving engine: requests in, one real forward pass per step, wall-clock timings out.
+
+    engine = Engine(model, EngineConfig(scheduler="continuous", prefix_cache="radix"), tokenizer)
+    run = engine.run(requests)          # replays each request's arrival_s in real time
+    run.summary()                       # vLLM-style throughput / TTFT / TPOT / ITL / e2e latency
+
+Each step: the scheduler picks ``{request_id: num_tokens}``, the runner executes that as one forward
+(ragged through the paged pool, or a padded rectangle for ``static``), the scheduler commits the
+sampled tokens. Requests that can never be served (longer than the context window or than the whole
+KV budget) are rejected when they arrive, with the reason recorded; the engine keeps serving the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from studylib.decoding.common import eos_set
+from studylib.errors import StudylibError
+from studylib.kvcache import PagedKVPool, make_prefix_cache
+from studylib.models import LlamaModel
+from studylib.sampling import SamplingParams
+from studylib.serving.blocks import BlockManager
+from studylib.serving.invariant import batch_invariant
+from studylib.serving.metrics import summarize
+from studylib.serving.request import Request, RequestStatus
+from studylib.serving.runners import DenseBatchRunner, PagedRunner
+from studylib.serving.scheduler import Scheduler, SchedulerConfig, dense_reserved
+
+DEFAULT_KV_BUDGET_MIB = 256.0
+
+
+@dataclass
+class EngineConfig:
+    scheduler: str = "continuous"  # sequential | static | continuous
+    prefix_cache: str = "none"  # radix | none
+    max_batch_tokens: int = 512
+    max_running: int = 32
+    chunk_size: int | None = None
+    cache_aware: bool = False
+    block_size: int = 16
+    kv_budget_mib: float | None = None  # the KV memory budget (default 256 MiB); or give num_blocks
+    num_blocks: int | None = None
+    batch_invariant: bool = False  # bit-exact vs. the single-request decoder, at a large cost
+    attention: str = "auto"  # PagedBatch attention strategy: auto | loop | padded
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    def __post_init__(self) -> None:
+        self.scheduler_config()  # validates the scheduling options
+        if self.kv_budget_mib is not None and self.num_blocks is not None:
+            raise StudylibError("give one of kv_budget_mib (--kv-budget-mib) or num_blocks, not both.")
+        if self.kv_budget_mib is None and self.num_blocks is None:
+            self.kv_budget_mib = DEFAULT_KV_BUDGET_MIB
+        if self.kv_budget_mib is not None and self.kv_budget_mib <= 0:
+            raise StudylibError(f"kv_budget_mib must be > 0, got {self.kv_budget_mib}.")
+        if self.block_size < 1:
+            raise StudylibError(f"block_size must be >= 1, got {self.block_size}.")
+        if self.attention not in ("auto", "loop", "padded"):
+            raise StudylibError(f"unknown attention strategy {self.attention!r}; use auto, loop or padded.")
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(self.scheduler, self.max_batch_tokens, self.max_running, self.chunk_size,
+                               self.prefix_cache, self.cache_aware)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["sampling"] = asdict(self.sampling)
+        return d
+
+
+@dataclass
+class ServingRun:
+    """Everything one benchmark run produced."""
+
+    requests: list[Request]
+    duration_s: float
+    timeline: list[dict]  # one row per step: t, step_s, waiting, running, batch_tokens, kv_used...
+    config: dict
+    steps: int
+    preemptions: int
+    cache_metrics: dict | None = None
+
+    def summary(self, slo: dict | None = None) -> dict:
+        return summarize(self.requests, self.duration_s, slo=slo, steps=self.steps, preemptions=self.preemptions)
+
+    def records(self) -> list[dict]:
+        return [r.record() for r in self.requests]
+
+
+class Engine:
+    def __init__(self, model: LlamaModel, config: EngineConfig | None = None, tokenizer: object | None = None):
+        self.model = model
+        self.config = config = config or EngineConfig()
+        self.eos = frozenset(eos_set(model, tokenizer))
+        sc = config.scheduler_config()
+        cfg, dev, dt = model.config, model.device, model.dtype
+        budget = None if config.kv_budget_mib is None else int(config.kv_budget_mib * 2**20)
+        self.pool: PagedKVPool | None = None
+        self.prefix_cache = None
+        if sc.paged:
+            self.pool = PagedKVPool(cfg, block_size=config.block_size, budget_bytes=budget,
+                                    num_blocks=config.num_blocks, device=dev, dtype=dt)
+            self.prefix_cache = make_prefix_cache(sc.prefix_cache, self.pool)
+            self.scheduler = Scheduler(sc, BlockManager(self.pool, self.prefix_cache))
+            self.runner = PagedRunner(model, self.pool, config.sampling, config.attention)
+            self.capacity = self.pool.num_slots
+        else:
+            per_token = cfg.kv_bytes_per_token(torch.empty(0, dtype=dt).element_size())
+            self.capacity = budget // per_token if budget is not None else config.num_blocks * config.block_size
+            self.scheduler = Scheduler(sc, None, dense_capacity=self.capacity)
+            self.runner = DenseBatchRunner(model, config.sampling)
+        self.t0 = time.perf_counter()
+        self.timeline: list[dict] = []
+        self.steps = 0
+
+    # ---- requests -------------------------------------------------------------------------------
+    def now(self) -> float:
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - self.t0
+
+    def check(self, req: Request) -> None:
+        """Raise StudylibError if ``req`` could never be served by this engine."""
+        window = self.model.config.max_position_embeddings
+        if len(req.prompt_ids) + req.max_new_tokens > window:
+            raise StudylibError(
+                f"request {req.id!r}: {len(req.prompt_ids)} prompt tokens + max_new_tokens {req.max_new_tokens} "
+                f"exceed the context window of {window}; shorten the prompt or lower max_new_tokens.")
+        if self.pool is not None:
+            self.pool.check_fits(req.max_total_tokens, f"request {req.id!r}")
+        elif dense_reserved([req]) > self.capacity:
+            raise StudylibError(
+                f"request {req.id!r} needs {dense_reserved([req])} KV slots but the budget holds {self.capacity}; "
+                "raise --kv-budget-mib or shorten the request.")
+
+    def add_request(self, req: Request) -> None:
+        """Queue ``req``; raises StudylibError (engine state unchanged) if it can never be served."""
+        self.check(req)
+        if not req.eos_ids and not req.ignore_eos:
+            req.eos_ids = self.eos
+        self.scheduler.add(req)
+
+    def submit(self, req: Request) -> bool:
+        """``add_request`` that records a rejection on the request instead of raising."""
+        try:
+            self.add_request(req)
+            return True
+        except StudylibError as err:
+            req.status, req.stop_reason, req.error = RequestStatus.ABORTED, "rejected", str(err)
+            req.finished_s = self.now()
+            return False
+
+    def abort(self, request_id: str) -> Request | None:
+        return self.scheduler.abort(request_id, self.now())
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- one step -------------------------------------------------------------------------------
+    def step(self) -> list[Request]:
+        """Schedule, run one forward pass, commit. Returns the requests that finished in this step."""
+        out = self.scheduler.schedule()
+        if not out:
+            return []
+        start = self.now()
+        reqs = self.scheduler.requests
+        ctx = batch_invariant() if self.config.batch_invariant else contextlib.nullcontext()
+        with ctx:
+            if isinstance(self.runner, PagedRunner):
+                batch = [reqs[rid] for rid in out.num_tokens]
+                sampled = self.runner.run(batch, [out.num_tokens[r.id] for r in batch])
+            elif out.new_batch is not None:
+                sampled = self.runner.start([reqs[rid] for rid in out.new_batch])
+            else:
+                sampled = self.runner.decode(set(out.num_tokens))
+        end = self.now()
+        done = self.scheduler.update_from_output(out, sampled, end)
+        if isinstance(self.runner, DenseBatchRunner) and not self.scheduler.running:
+            self.runner.reset()
+        self.steps += 1
+        self.timeline.append({
+            "t": end, "step_s": end - start, "waiting": len(self.scheduler.waiting),
+            "running": len(self.scheduler.running) + len(done), "batch_seqs": len(out.num_tokens),
+            "batch_tokens": out.total_tokens, "preempted": len(out.preempted), "kv_used": self.kv_used(),
+        })
+        return done
+
+    def kv_used(self) -> float:
+        """Fraction of the KV budget in use: pool blocks held (prefix cache included) for the paged
+        policies, slots reserved by the padded rectangle for ``static``."""
+        if self.pool is not None:
+            return self.pool.num_used / self.pool.num_blocks
+        running = self.scheduler.running
+        return dense_reserved(running) / self.capacity if running else 0.0
+
+    # ---- a whole benchmark ----------------------------------------------------------------------
+    def run(self, requests: Sequence[Request], *, progress: bool = False) -> ServingRun:
+        """Serve ``requests``, each entering the queue at its ``arrival_s`` (wall clock from now)."""
+        from tqdm import tqdm
+
+        pending = deque(sorted(requests, key=lambda r: r.arrival_s))
+        self.t0 = time.perf_counter()
+        self.timeline, self.steps = [], 0
+        bar = tqdm(total=len(pending), disable=not progress, desc=f"serve[{self.config.scheduler}]", leave=False)
+        while pending or self.has_work():
+            now = self.now()
+            while pending and pending[0].arrival_s <= now:
+                if not self.submit(pending.popleft()):
+                    bar.update(1)
+            if not self.has_work():
+                time.sleep(max(0.0, pending[0].arrival_s - self.now()))
+                continue
+            bar.update(len(self.step()))
+        bar.close()
+        ends = [r.finished_s for r in requests if r.finished_s is not None]
+        metrics = self.prefix_cache.metrics.as_dict() if self.prefix_cache is not None else None
+        return ServingRun(list(requests), max(ends, default=self.now()), self.timeline, self.config.to_dict(),
+                          self.steps, self.scheduler.num_preemptions, metrics)

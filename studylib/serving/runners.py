@@ -1,0 +1,82 @@
+"""Model runners: turn one scheduled step into one forward pass and return the sampled tokens.
+
+- ``PagedRunner`` flattens the ragged batch into one row (1, sum n_i) and runs it against
+  ``PagedBatch``, the view of the paged pool: prefill chunks and decodes share the forward.
+- ``DenseBatchRunner`` is the static baseline: a rectangle (B, L) left-padded to the longest prompt in
+  a ``DenseKVCache``; rows that finished early keep being computed (as padding) until the batch ends.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from studylib.kvcache import PagedBatch, PagedKVPool
+from studylib.models import DenseKVCache, LlamaModel
+from studylib.sampling import SamplingParams, sample
+from studylib.serving.request import Request
+
+
+class PagedRunner:
+    def __init__(self, model: LlamaModel, pool: PagedKVPool, sampling: SamplingParams, attention: str = "auto"):
+        self.model, self.pool, self.sampling = model, pool, sampling
+        self.attention = attention
+        self.generator = sampling.generator(model.device)
+
+    @torch.inference_mode()
+    def run(self, reqs: list[Request], ns: list[int]) -> dict[str, int]:
+        dev = self.model.device
+        cached = [r.num_computed for r in reqs]
+        chunks = [r.all_ids[c : c + n] for r, c, n in zip(reqs, cached, ns, strict=True)]
+        ids = torch.tensor([t for ch in chunks for t in ch], dtype=torch.long, device=dev)[None]  # (1, N)
+        view = PagedBatch(self.pool, [r.block_table for r in reqs], cached, ns, mode=self.attention)
+        # Only sequences whose chunk reaches their last known token produce a next token.
+        want = [i for i, (r, c, n) in enumerate(zip(reqs, cached, ns, strict=True)) if c + n == r.num_tokens]
+        if not want:
+            self.model(ids, view, logits="none")
+            return {}
+        idx = view.logit_index()[want]
+        logits = self.model(ids, view, logits=idx).logits[0]  # (len(want), vocab)
+        toks = sample(logits, self.sampling, self.generator).tolist()
+        return {reqs[i].id: t for i, t in zip(want, toks, strict=True)}
+
+
+class DenseBatchRunner:
+    def __init__(self, model: LlamaModel, sampling: SamplingParams, pad_id: int = 0):
+        self.model, self.sampling, self.pad_id = model, sampling, pad_id
+        self.generator = sampling.generator(model.device)
+        self.rows: list[str] = []
+        self.cache: DenseKVCache | None = None
+        self.last: torch.Tensor | None = None  # (B,) the token each row feeds next
+
+    @torch.inference_mode()
+    def start(self, reqs: list[Request]) -> dict[str, int]:
+        """Prefill a new batch: prompts left-padded to the longest, one forward."""
+        dev, cfg = self.model.device, self.model.config
+        L = max(len(r.prompt_ids) for r in reqs)
+        span = L + max(r.max_new_tokens for r in reqs)
+        self.cache = DenseKVCache(cfg, len(reqs), span, dev, self.model.dtype)
+        ids = torch.full((len(reqs), L), self.pad_id, dtype=torch.long, device=dev)  # (B, L)
+        valid = torch.zeros(len(reqs), L, dtype=torch.bool, device=dev)
+        for b, r in enumerate(reqs):
+            ids[b, L - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, device=dev)
+            valid[b, L - len(r.prompt_ids):] = True
+        self.rows = [r.id for r in reqs]
+        logits = self.model(ids, self.cache.begin(L, valid=valid), logits="last").logits[:, -1]  # (B, V)
+        return self._sample(logits, set(self.rows))
+
+    @torch.inference_mode()
+    def decode(self, live: set[str]) -> dict[str, int]:
+        """One decode step for the whole rectangle; rows not in ``live`` compute a pad token."""
+        feed = self.last.clone()
+        alive = torch.tensor([rid in live for rid in self.rows], device=feed.device)
+        feed[~alive] = self.pad_id
+        logits = self.model(feed[:, None], self.cache.begin(1)).logits[:, -1]  # (B, V)
+        return self._sample(logits, live)
+
+    def _sample(self, logits: torch.Tensor, live: set[str]) -> dict[str, int]:
+        self.last = sample(logits, self.sampling, self.generator)  # (B,)
+        toks = self.last.tolist()
+        return {rid: t for rid, t in zip(self.rows, toks, strict=True) if rid in live}
+
+    def reset(self) -> None:
+        self.cache, self.rows, self.last = None, [], None
