@@ -1,0 +1,327 @@
+"""Chapter 7, part 4: the draft and decoder options, tables, the study-wide anchor table, the text that
+reads the numbers, and the verdicts.
+
+Verdicts come only from ``studylib.claims`` rules fed with the measurements: C7 is three rows
+(quality retained, latency reduction, throughput gain), each judged per workload where it has one;
+C8 is one ``judge_all`` row over the interaction checks, each named with its numbers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+from collections.abc import Mapping, Sequence
+
+import pandas as pd
+
+from studylib.claims import Verdict, judge_all, judge_at_least
+from studylib.errors import StudylibError
+from studylib.experiments import ch07_combined as cc
+from studylib.experiments.ch07_quality import QUALITY_BAR
+from studylib.experiments.ch07_stack import StackPlan, stack_arm_name
+
+LATENCY_BAR = 10.0  # "end-to-end latency reduced by more than 10x"
+THROUGHPUT_BAR, THROUGHPUT_TOP = 8.0, 12.0  # "throughput raised 8-12x"
+
+# Published end-to-end decoding speedups of trained-draft methods that no chapter reproduces (the
+# chapters' own anchors, Orca and vLLM among them in chapter 5, are collected by ``anchors_frame``).
+ANCHORS = [
+    {"source": "Medusa (Cai et al., ICML 2024)", "hardware": "A100", "model": "Vicuna-7B/13B/33B, Zephyr-7B",
+     "result": "over 2.2x (Medusa-1) and 2.3-3.6x (Medusa-2) decoding speedup"},
+    {"source": "EAGLE (Li et al., ICML 2024)", "hardware": "A100", "model": "LLaMA2-Chat 70B",
+     "result": "2.7-3.5x latency speedup, doubled throughput, output distribution unchanged"},
+]
+
+
+# ------------------------------------------------------------------------------------------- arms
+
+
+def chapter_draft(model, spec: str = "auto", fallback: str | None = None):
+    """(drafter, why). ``auto``: the distilled draft if ``studylib train-draft`` cached one, else the
+    layers a cached ``self:auto`` search chose for this model (chapter 2), else ``fallback`` (default an
+    early exit at ~85% depth), because the search itself costs minutes on a CPU."""
+    import json
+
+    from studylib.cache import cache_dir
+    from studylib.decoding.drafts import SelfDraft, format_layers, resolve_draft
+
+    if spec != "auto":
+        return resolve_draft(spec, model), f"{spec} (as asked)"
+    try:
+        return resolve_draft("distilled", model), "the distilled draft cached by `studylib train-draft`"
+    except StudylibError:
+        pass
+    found = []
+    for f in cache_dir("self_spec").glob("*.json"):
+        try:
+            info = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if info.get("model") == model.config.name and info.get("layers"):
+            found.append((f.stat().st_mtime, info))
+    if found:
+        info = max(found, key=lambda x: x[0])[1]
+        label = f"self:{format_layers(info['layers'])}"
+        return SelfDraft(tuple(info["layers"]), label=label, calibration=info), \
+            f"{label}: layers chosen by a cached self:auto search"
+    n = model.config.num_layers
+    fb = fallback or f"self:exit:{max(1, min(n - 1, round(0.85 * n)))}"
+    return resolve_draft(fb, model), f"{fb}: no distilled draft or cached self:auto search for {model.config.name}"
+
+
+def decoder_options(model, draft: str = "auto", draft_fallback: str | None = None, gamma: int = 4,
+                    lookup_gamma: int = 8, lookup_ngram: int = 3, lookahead: str = "lookahead:5,4,5"
+                    ) -> tuple[dict, str]:
+    """Options per decoder, and a line saying which draft speculative decoding uses. ``lookahead`` is
+    chapter 3's spec string (``lookahead:W,N,G`` or ``lookahead:W,N,G+prompt``)."""
+    from studylib.experiments.ch03_jacobi_lookahead import parse_config
+
+    drafter, why = chapter_draft(model, draft, draft_fallback)
+    try:
+        method, la = parse_config(lookahead)
+    except ValueError as exc:
+        raise StudylibError(f"lookahead: {exc}") from None
+    if method != "lookahead":
+        raise StudylibError(f"lookahead takes 'lookahead:W,N,G[+prompt]', got {lookahead!r}.")
+    return {"speculative": {"draft": drafter, "gamma": int(gamma)},
+            "prompt-lookup": {"gamma": int(lookup_gamma), "ngram": int(lookup_ngram)},
+            "lookahead": la}, why
+
+
+def arms_frame(arms: Sequence[cc.Arm]) -> pd.DataFrame:
+    def show(v):
+        return v.describe() if hasattr(v, "describe") else v
+
+    return pd.DataFrame([{"arm": a.name, "decoder": a.method, "prefix cache": a.prefix_cache,
+                          "attention": a.attention or "dense", "lossless": a.lossless,
+                          "options": ", ".join(f"{k}={show(v)}" for k, v in a.options.items())} for a in arms])
+
+
+# ---------------------------------------------------------------------------------------- tables
+
+
+def stack_frame(summary: pd.DataFrame, quality: pd.DataFrame, plans: Mapping[str, StackPlan], options,
+                attention: str) -> pd.DataFrame:
+    """The best stack per workload: latency reduction (e2e, TTFT, TPOT) with CIs and quality retained."""
+    rows = []
+    for wl, plan in plans.items():
+        name = stack_arm_name(plan, options, attention)
+        s = summary[(summary.workload == wl) & (summary.arm == name)].iloc[0]
+        q = quality[(quality.workload == wl) & (quality.arm == name)].iloc[0]
+        rows.append({"workload": wl, "stack": name, "requests": int(s.requests), "speedup": s.speedup,
+                     "low": s.speedup_low, "high": s.speedup_high, "ttft_speedup": s.ttft_speedup,
+                     "tpot_speedup": s.tpot_speedup, "quality": q.quality_retained, "q_low": q.retained_low,
+                     "q_high": q.retained_high, "binding": q.binding})
+    return pd.DataFrame(rows)
+
+
+def anchors_frame(ours: Sequence[dict] = ()) -> pd.DataFrame:
+    """Every chapter's published anchors (the ``ANCHORS`` of each ``studylib.experiments.chNN_*``
+    module, imported, never retyped) in one table, then ``ours``. A module that fails to import is
+    listed with the error instead of silently missing."""
+    import studylib.experiments as pkg
+
+    rows = []
+    for m in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        if not (m.name.startswith("ch") and m.name[2:4].isdigit()):
+            continue
+        try:
+            mod = importlib.import_module(f"studylib.experiments.{m.name}")
+        except Exception as exc:  # another chapter mid-edit must not hide the rest of the table
+            rows.append({"chapter": int(m.name[2:4]), "source": f"({m.name} failed to import: {exc})"})
+            continue
+        anchors = getattr(mod, "ANCHORS", None)
+        if anchors is None:
+            continue
+        recs = anchors.to_dict("records") if hasattr(anchors, "to_dict") else list(anchors)
+        rows += [_anchor_row(int(m.name[2:4]), r) for r in recs]
+    rows += [{"chapter": 7, **r} for r in ours]
+    df = pd.DataFrame(rows, columns=["chapter", "source", "result", "model", "hardware"])
+    return df.drop_duplicates().reset_index(drop=True)
+
+
+def _anchor_row(chapter: int, r: Mapping) -> dict:
+    main = r.get("result", r.get("speedup"))
+    skip = {"source", "hardware", "model", "result", "speedup"}
+    extra = ", ".join(f"{k}={v}" for k, v in r.items() if k not in skip and v is not None and v == v and v != "")
+    result = " ".join(x for x in (f"[{extra}]" if extra and main is not None else extra,
+                                  None if main is None else f"{main}") if x)
+    return {"chapter": chapter, "source": r.get("source", ""), "result": result, "model": r.get("model", ""),
+            "hardware": r.get("hardware", "")}
+
+
+def ours_rows(stacks: pd.DataFrame, tput: pd.DataFrame, model: str, hardware: str) -> list[dict]:
+    lat = ", ".join(f"{r.workload} {r.speedup:.2f}x" for r in stacks.itertuples())
+    best = tput[tput.policy == "continuous + radix"]
+    rows = [{"source": "this study, chapter 7 (measured)", "model": model, "hardware": hardware,
+             "result": f"best-stack e2e latency reduction per workload: {lat}"}]
+    if len(best):
+        rows.append({"source": "this study, chapter 7 (measured)", "model": model, "hardware": hardware,
+                     "result": f"throughput at saturation, continuous + radix vs AR: {best.gain.iloc[0]:.2f}x"})
+    return rows
+
+
+def hardware_text() -> str:
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return f"{cpu} ({os.cpu_count()} cores, torch threads {torch.get_num_threads()}){gpu}"
+
+
+def conditions_text(model, workloads: Mapping[str, cc.NamedWorkload], draft_note: str, attention: str) -> str:
+    wl = "; ".join(f"{n} x{len(w.requests)} ({min(len(r.tokens) for r in w.requests)}-"
+                   f"{max(len(r.tokens) for r in w.requests)} prompt tokens)" for n, w in workloads.items())
+    new = max(r.max_new_tokens for w in workloads.values() for r in w.requests)
+    return (f"{model.config.name} ({str(model.dtype).replace('torch.', '')}) on {hardware_text()}; greedy; "
+            f"latency at batch 1, up to {new} new tokens; workloads: {wl}; draft: {draft_note}; "
+            f"sparse attention: {attention}")
+
+
+def serving_conditions(tput: pd.DataFrame, workloads: Sequence[str], max_running: int, new_tokens: int) -> str:
+    n = int(tput.requests.iloc[0]) if len(tput) else 0
+    return (f"throughput: {n} requests ({', '.join(workloads)}) all queued at t = 0, up to {new_tokens} new tokens, "
+            f"at most {max_running} running, {tput.repeat.nunique() if len(tput) else 0} repeat(s)")
+
+
+def prefix_row(summary: pd.DataFrame, workload: str = "system_prompt") -> pd.Series | None:
+    """The prefix-cache arm's summary row on ``workload`` (None if that workload did not run)."""
+    r = summary[(summary.workload == workload) & (summary.arm == cc.PREFIX)]
+    return r.iloc[0] if len(r) else None
+
+
+# ------------------------------------------------------------------------------------------ verdicts
+
+
+def _est(value, low, high) -> dict:
+    return {"value": float(value), "ci_low": float(low), "ci_high": float(high)}
+
+
+def judge_latency(stacks: pd.DataFrame, conditions: str) -> Verdict:
+    est = {r.workload: _est(r.speedup, r.low, r.high) for r in stacks.itertuples()}
+    return judge_at_least("C7", "e2e latency reduction, best stack vs AR (x)", est, LATENCY_BAR, ">10x", conditions,
+                          cc.CHAPTER)
+
+
+def judge_quality(stacks: pd.DataFrame, conditions: str, tsum: pd.DataFrame | None = None,
+                  policy: str = "continuous + radix") -> Verdict:
+    """Per workload, the quality the latency stack kept; plus, when given, the share of the throughput
+    arm's outputs identical to AR's (batched arithmetic may flip near-tied greedy tokens)."""
+    est = {r.workload: _est(r.quality, r.q_low, r.q_high) for r in stacks.itertuples()}
+    if tsum is not None and len(tsum[tsum.policy == policy]) and tsum.exact_match.notna().any():
+        est[f"serving ({policy})"] = {"value": float(tsum[tsum.policy == policy].exact_match.iloc[0])}
+    return judge_at_least("C7", "quality retained by the best stack (worst measure)", est, QUALITY_BAR, ">99%",
+                          f"{conditions}; lossless stacks: exact greedy match with AR; lossy: the worst of greedy "
+                          "agreement, task-score ratio and 1/perplexity ratio", cc.CHAPTER)
+
+
+def judge_throughput(tsum: pd.DataFrame, conditions: str, policy: str = "continuous + radix") -> Verdict:
+    r = tsum[tsum.policy == policy].iloc[0]
+    note = f"above the claimed 8-12x range ({r.gain:.3g}x)" if r.gain > THROUGHPUT_TOP else ""
+    return judge_at_least("C7", "throughput at saturation vs AR one at a time (x)",
+                          _est(r.gain, r.gain_low, r.gain_high), THROUGHPUT_BAR, "8-12x",
+                          "; ".join(x for x in (f"{policy}", conditions, note) if x), cc.CHAPTER)
+
+
+def c8_checks(spec_gain: pd.DataFrame, prefix: pd.Series, sparse: pd.DataFrame,
+              interactions: pd.DataFrame) -> dict[str, bool]:
+    """The interaction checks, each named with the numbers that decide it.
+
+    - speculative: the predicted gain at the largest batch is below the gain at batch 1;
+    - prefix cache: its TTFT speedup's CI lies entirely above its TPOT speedup's CI;
+    - sparse attention: the decode-step speedup at the longest context exceeds the shortest one's;
+    - stacking: on at least one workload the stack's speedup over the product of its parts has a CI
+      that excludes 1 (the gains do not simply multiply).
+    """
+    checks: dict[str, bool] = {}
+    if len(spec_gain) >= 2:
+        a, b = spec_gain.iloc[0], spec_gain.iloc[-1]
+        checks[f"speculative gain shrinks with batch (B={int(a.batch)}: {a.gain:.2f}x -> B={int(b.batch)}: "
+               f"{b.gain:.2f}x)"] = bool(b.gain < a.gain)
+    if prefix is not None:
+        checks[f"prefix cache helps TTFT, not TPOT ({prefix.workload}: TTFT {prefix.ttft_speedup:.2f}x "
+               f"[{prefix.ttft_low:.2f}, {prefix.ttft_high:.2f}], TPOT {prefix.tpot_speedup:.2f}x "
+               f"[{prefix.tpot_low:.2f}, {prefix.tpot_high:.2f}])"] = bool(prefix.ttft_low > prefix.tpot_high)
+    if len(sparse) >= 2:
+        a, b = sparse.iloc[0], sparse.iloc[-1]
+        checks[f"sparse attention gain grows with context ({int(a.context)}: {a.speedup:.2f}x -> "
+               f"{int(b.context)}: {b.speedup:.2f}x)"] = bool(b.speedup > a.speedup)
+    if len(interactions):
+        off = interactions[(interactions.low > 1) | (interactions.high < 1)]
+        vals = ", ".join(f"{r.workload} {r.ratio:.2f} [{r.low:.2f}, {r.high:.2f}]" for r in interactions.itertuples())
+        checks[f"stacked gains do not multiply (stack / product of parts: {vals})"] = bool(len(off))
+    return checks
+
+
+def judge_c8(checks: Mapping[str, bool], conditions: str) -> Verdict:
+    if not checks:
+        raise StudylibError("no interaction measurements to judge C8 with; run the interaction cells.")
+    return judge_all("C8", "interaction checks passed", checks,
+                     "gains are local and interact", conditions, cc.CHAPTER)
+
+
+# ---------------------------------------------------------------------------------- interpretation
+
+
+def latency_text(stacks: pd.DataFrame) -> str:
+    """One paragraph that stays true whatever the numbers are: it reads them."""
+    per = "; ".join(f"{r.workload}: {r.stack} {r.speedup:.2f}x [{r.low:.2f}, {r.high:.2f}]" for r in stacks.itertuples())
+    reach = stacks[stacks.low >= LATENCY_BAR]
+    best = stacks.loc[stacks.speedup.idxmax()]
+    return (f"Best stack per workload (e2e speedup over AR, 95% CI): {per}. {len(reach)} of {len(stacks)} workloads "
+            f"reach the claimed {LATENCY_BAR:g}x with the whole CI above it; the largest reduction is "
+            f"{best.speedup:.2f}x on {best.workload}.")
+
+
+def quality_text(quality: pd.DataFrame) -> str:
+    lossless = quality[quality.lossless & (quality.arm != cc.BASELINE)]
+    bad = lossless[lossless.exact_match < 1.0]
+    out = (f"Lossless arms reproduced the baseline's greedy tokens exactly on {len(lossless) - len(bad)} of "
+           f"{len(lossless)} (workload, arm) pairs")
+    out += "." if bad.empty else ("; not on " + ", ".join(f"{r.workload}/{r.arm} ({r.exact_match:.0%} of requests)"
+                                                         for r in bad.itertuples()) + ".")
+    lossy = quality[~quality.lossless]
+    if len(lossy):
+        ppl = lossy.ppl_ratio.dropna()
+        out += (f" Lossy arms kept {lossy.agreement.min():.0%}-{lossy.agreement.max():.0%} greedy agreement with the "
+                f"baseline" + (f" at a perplexity ratio of {ppl.iloc[0]:.3f}" if len(ppl) else "")
+                + f"; quality retained (worst measure) {lossy.quality_retained.min():.0%}-"
+                  f"{lossy.quality_retained.max():.0%}.")
+    return out
+
+
+def throughput_text(tsum: pd.DataFrame) -> str:
+    per = "; ".join(f"{r.policy}: {r.throughput_tok_s:.1f} tok/s ({r.gain:.2f}x [{r.gain_low:.2f}, {r.gain_high:.2f}])"
+                    for r in tsum.itertuples())
+    best = tsum.loc[tsum.gain.idxmax()]
+    return (f"Output tokens per second with every request queued at t = 0, and the gain over AR one at a time: {per}. "
+            f"The highest is {best.policy} at {best.gain:.2f}x; the claim is {THROUGHPUT_BAR:g}-{THROUGHPUT_TOP:g}x.")
+
+
+def checks_text(checks: Mapping[str, bool]) -> str:
+    return "\n".join(f"- {'passes' if ok else 'fails'}: {name}" for name, ok in checks.items())
+
+
+def measurements(runs: pd.DataFrame, summary: pd.DataFrame, quality: pd.DataFrame, plans: Mapping[str, StackPlan],
+                 stacks: pd.DataFrame, waterfall: pd.DataFrame, interactions: pd.DataFrame, tput: pd.DataFrame,
+                 tsum: pd.DataFrame, spec_gain: pd.DataFrame, alpha: Mapping, prefix_curve: pd.DataFrame,
+                 sparse: pd.DataFrame, ppl: Mapping, checks: Mapping[str, bool], anchors: pd.DataFrame) -> dict:
+    """Everything the chapter measured, JSON-able (token ids and texts dropped)."""
+    return {
+        "requests": runs.drop(columns=["tokens", "text"]), "latency": summary, "quality": quality,
+        "plans": {wl: {"chain": [list(c) for c in p.chain], "notes": p.notes} for wl, p in plans.items()},
+        "stacks": stacks, "waterfall": waterfall, "interactions": interactions,
+        "throughput_runs": tput.drop(columns=["outputs"]), "throughput": tsum, "spec_gain_vs_batch": spec_gain,
+        "alpha": dict(alpha), "prefix_vs_output": prefix_curve, "sparse_vs_context": sparse, "perplexity": dict(ppl),
+        "c8_checks": dict(checks), "anchors": anchors,
+    }

@@ -1,0 +1,246 @@
+"""Chapter 7, part 3: throughput at saturation, and how the techniques' gains interact (claim C8).
+
+Throughput: every request arrives at t = 0. The one baseline is plain AR decoding one request at a
+time (``ar (one at a time)``); beside it the serving engine's policies (``studylib.serving``): its own
+sequential loop, static batching, continuous batching, and continuous batching with the radix prefix
+cache and cache-aware admission (the best extras that compose with batching in this checkout).
+
+Interactions, each measured on this machine:
+- speculative gain vs batch size: chapter 5's model E[tokens](alpha, gamma) * t(B, 1) / (t(B, gamma+1) +
+  gamma * c * t(B, 1)) with measured step times t(B, n) of B sequences x n tokens and the alpha and draft
+  cost ratio c of this chapter's speculative runs. Batching uses up the idle compute that verification
+  was getting for free, so the gain shrinks with B;
+- prefix caching vs output length: e2e(n) = TTFT + (n - 1) * TPOT per request, with and without the
+  cache. A hit removes prefill only: the TTFT gain stays, the e2e gain fades as n grows;
+- sparse attention vs context length: one decode step with a dense cache and with the sparse one after
+  a real prefill of L tokens; attention is a small share of a step at short context.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from studylib.bench.stats import estimate, ratio_estimate
+from studylib.decoding.common import Stopwatch
+from studylib.experiments.ch07_combined import BASELINE, PREFIX, agreement, paired, progress_default
+
+AR_POLICY = "ar (one at a time)"
+POLICIES: dict[str, dict] = {
+    AR_POLICY: {},
+    "sequential": {"scheduler": "sequential"},
+    "static": {"scheduler": "static"},
+    "continuous": {"scheduler": "continuous"},
+    "continuous + radix": {"scheduler": "continuous", "prefix_cache": "radix", "cache_aware": True},
+}
+BEST_POLICY = "continuous + radix"
+
+
+# ------------------------------------------------------------------------------------------ throughput
+
+
+def serving_prompts(workloads: Mapping) -> list[tuple[str, list[int]]]:
+    """Round-robin over the given ``NamedWorkload``s' first-turn prompts (closed-loop follow-ups cannot
+    all arrive at t = 0, so they are skipped)."""
+    lists = [[(r.id, list(r.tokens)) for r in w.requests if r.follows is None] for w in workloads.values()]
+    return [x for i in range(max(map(len, lists), default=0)) for lst in lists if i < len(lst) for x in [lst[i]]]
+
+
+def _ar_run(model, tokenizer, prompts, max_new_tokens) -> dict:
+    from studylib.decoding import ar
+
+    clock = Stopwatch(model.device)
+    outs, ttft, e2e = [], [], []
+    for _, p in prompts:
+        start = clock.elapsed()
+        res = ar.generate(model, p, max_new_tokens, tokenizer=tokenizer)
+        outs.append(res.token_ids)
+        ttft.append(start + res.ttft_s)  # everything arrived at t = 0: queueing counts
+        e2e.append(clock.elapsed())
+    return {"duration_s": e2e[-1], "outputs": outs, "ttft": ttft, "e2e": e2e, "hit_rate": 0.0}
+
+
+def _engine_run(model, tokenizer, prompts, max_new_tokens, config: dict) -> dict:
+    from studylib.serving import Engine, EngineConfig, Request
+
+    engine = Engine(model, EngineConfig(**config), tokenizer)
+    reqs = [Request(f"r{i}-{rid}", p, max_new_tokens, arrival_s=0.0) for i, (rid, p) in enumerate(prompts)]
+    run = engine.run(reqs)
+    s = run.summary()
+    if s["requests"] != len(reqs):
+        bad = [f"{r.id}: {r.stop_reason} {r.error or ''}" for r in reqs if r.stop_reason in ("rejected", "abort")]
+        raise RuntimeError(f"{config['scheduler']}: only {s['requests']}/{len(reqs)} requests finished ({bad}).")
+    return {"duration_s": run.duration_s, "outputs": [r.output_ids for r in reqs],
+            "ttft": [r.ttft_s for r in reqs], "e2e": [r.e2el_s for r in reqs], "hit_rate": s["prefix_hit_rate"]}
+
+
+def throughput(model, tokenizer, prompts: Sequence[tuple[str, list[int]]], max_new_tokens: int,
+               policies: Sequence[str] = tuple(POLICIES), repeats: int = 1, kv_budget_mib: float = 1024.0,
+               max_batch_tokens: int = 1024, max_running: int = 32, block_size: int = 16,
+               progress: bool | None = None) -> pd.DataFrame:
+    """One row per (repeat, policy): output tokens per second with all requests at t = 0, and how many
+    outputs equal the AR baseline's. Policies run in a rotating order per repeat."""
+    from tqdm.auto import tqdm
+
+    engine_opts = {"kv_budget_mib": kv_budget_mib, "max_batch_tokens": max_batch_tokens,
+                   "max_running": max_running, "block_size": block_size}
+    ref = None
+    rows = []
+    todo = [(r, p) for r in range(repeats) for p in policies[r % len(policies):] + policies[: r % len(policies)]]
+    for r, pol in tqdm(todo, desc="ch07 throughput", leave=False, disable=not progress_default(progress)):
+        if pol == AR_POLICY:
+            out = _ar_run(model, tokenizer, prompts, max_new_tokens)
+        else:
+            out = _engine_run(model, tokenizer, prompts, max_new_tokens, {**POLICIES[pol], **engine_opts})
+        tokens = sum(len(o) for o in out["outputs"])
+        rows.append({"repeat": r, "policy": pol, "requests": len(prompts), "output_tokens": tokens,
+                     "duration_s": out["duration_s"], "throughput_tok_s": tokens / out["duration_s"],
+                     "ttft_p50_s": float(np.median(out["ttft"])), "e2e_p50_s": float(np.median(out["e2e"])),
+                     "prefix_hit_rate": out["hit_rate"], "outputs": out["outputs"]})
+        if pol == AR_POLICY and ref is None:
+            ref = out["outputs"]
+    df = pd.DataFrame(rows)
+    if ref is not None:
+        df["exact_match"] = [float(np.mean([a == b for a, b in zip(o, ref, strict=True)])) for o in df.outputs]
+        df["agreement"] = [float(np.mean([agreement(a, b) for a, b in zip(o, ref, strict=True)])) for o in df.outputs]
+    return df
+
+
+def throughput_summary(df: pd.DataFrame, baseline: str = AR_POLICY) -> pd.DataFrame:
+    """Per policy: throughput gain over the baseline (paired by repeat; seconds per output token)."""
+    base = df[df.policy == baseline].set_index("repeat")
+    rows = []
+    for pol, g in df.groupby("policy", sort=False):
+        g = g.set_index("repeat").loc[base.index]
+        est = ratio_estimate((base.duration_s / base.output_tokens).to_numpy(),
+                             (g.duration_s / g.output_tokens).to_numpy())
+        rows.append({"policy": pol, "throughput_tok_s": float(g.throughput_tok_s.median()), "gain": est.value,
+                     "gain_low": est.ci_low, "gain_high": est.ci_high, "repeats": len(g),
+                     "ttft_p50_s": float(g.ttft_p50_s.median()), "e2e_p50_s": float(g.e2e_p50_s.median()),
+                     "prefix_hit_rate": float(g.prefix_hit_rate.mean()),
+                     "exact_match": float(g.exact_match.mean()) if "exact_match" in g else None,
+                     "agreement": float(g.agreement.mean()) if "agreement" in g else None})
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------ speculative vs batch
+
+
+def spec_gain_vs_batch(model, batches: Sequence[int], gamma: int, alpha: Mapping, cost_ratio: float,
+                       context: int = 128, repeats: int = 3, out_dir: str | Path | None = None) -> tuple[pd.DataFrame, str]:
+    """Chapter 5's model of the speculative gain per batch size (``ch05_interplay.c8_table``) at our
+    measured alpha and its CI ends. The step-time curve is chapter 5's saved one when this profile has
+    it with gamma + 1 tokens per sequence, else measured here with chapter 5's ``step_curve``."""
+    from studylib.experiments.ch05_interplay import c8_table, step_curve
+
+    rec = chapter_json(out_dir, 5) if out_dir is not None else None
+    saved = pd.DataFrame(((rec or {}).get("measurements") or {}).get("step_curve") or [])
+    if len(saved) and {"batch", "tokens_per_seq", "step_s"} <= set(saved) and \
+            {1, gamma + 1} <= set(saved.tokens_per_seq) and set(batches) <= set(saved.batch):
+        curve, source = saved[saved.batch.isin(batches)], "chapter 5's step-time curve (ch05.json)"
+    else:
+        curve, source = step_curve(model, batches, gamma, context, repeats), f"measured here at context {context}"
+    tables = [c8_table(curve, float(a), gamma, cost_ratio) for a in (alpha["alpha"], alpha["alpha_low"],
+                                                                       alpha["alpha_high"])]
+    out = tables[0].rename(columns={"speculative_gain": "gain"})
+    ends = np.stack([t.speculative_gain.to_numpy() for t in tables[1:]])
+    out["gain_low"], out["gain_high"] = ends.min(0), ends.max(0)
+    return out, source
+
+
+def measured_alpha(runs: pd.DataFrame, arm: str = "speculative") -> dict | None:
+    """Median per-request acceptance alpha (bootstrap CI) and draft/target cost ratio of an arm."""
+    g = runs[(runs.arm == arm) & runs.alpha.notna()]
+    if g.empty:
+        return None
+    a = estimate(g.alpha.astype(float).tolist())
+    c = g.cost_ratio.dropna().astype(float)
+    return {"alpha": a.value, "alpha_low": a.ci_low, "alpha_high": a.ci_high,
+            "cost_ratio": float(c.median()) if len(c) else None, "requests": len(g)}
+
+
+def alpha_inputs(runs: pd.DataFrame, out_dir: str | Path, gamma: int, fallback_alpha: float = 0.7,
+                 fallback_cost: float = 0.1) -> dict:
+    """alpha (with CI ends) and draft cost ratio: this chapter's speculative runs when they measured both,
+    else chapter 2's record via chapter 5's ``speculative_inputs``, else the fallbacks (labelled)."""
+    ours = measured_alpha(runs)
+    if ours is not None and ours["cost_ratio"] is not None:
+        return {**ours, "source": f"this chapter's speculative runs ({ours['requests']} requests)"}
+    from studylib.experiments.ch05_interplay import speculative_inputs
+
+    s = speculative_inputs(reports_folder(out_dir), fallback_alpha, gamma, fallback_cost)
+    return {"alpha": s["alpha"], "alpha_low": s["alpha"], "alpha_high": s["alpha"], "cost_ratio": s["draft_cost"],
+            "requests": 0, "source": s["source"]}
+
+
+def reports_folder(out_dir: str | Path) -> Path:
+    """Where this profile's chNN.json files live. The workbook runner executes a chapter with
+    ``out_dir = <reports>/.staging/chNN``, so the other chapters' records are two levels up."""
+    out = Path(out_dir)
+    return out.parent.parent if out.parent.name == ".staging" else out
+
+
+def chapter_json(out_dir: str | Path, chapter: int) -> dict | None:
+    """Another chapter's saved record from this profile's reports, if it ran before this one."""
+    f = reports_folder(out_dir) / f"ch{chapter:02d}.json"
+    try:
+        return json.loads(f.read_text(encoding="utf-8")) if f.exists() else None
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+# -------------------------------------------------------------------------------- prefix vs output
+
+
+def prefix_vs_output(runs: pd.DataFrame, workload: str, lengths: Sequence[int], arm: str = PREFIX,
+                     baseline: str = BASELINE) -> pd.DataFrame:
+    """E2e speedup of the prefix cache if every request produced n tokens, from each request's measured
+    TTFT and TPOT in both arms (paired), with the measured TTFT and TPOT speedups as n -> 1 / n -> inf."""
+    b, t = paired(runs, workload, arm, baseline)
+    rows = []
+    for n in lengths:
+        e = ratio_estimate((b.ttft_s + (n - 1) * b.tpot_s).to_numpy(), (t.ttft_s + (n - 1) * t.tpot_s).to_numpy())
+        rows.append({"output_tokens": int(n), "speedup": e.value, "low": e.ci_low, "high": e.ci_high})
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------ sparse vs context
+
+
+@torch.inference_mode()
+def sparse_vs_context(model, spec: str, contexts: Sequence[int], steps: int = 4, seed: int = 0,
+                      progress: bool | None = None) -> pd.DataFrame:
+    """Per context length L: decode-step time with a dense cache and with ``spec``'s cache after a real
+    prefill of L random tokens; steps alternate between the two so noise falls on both alike."""
+    from tqdm.auto import tqdm
+
+    from studylib.attention import make_cache
+    from studylib.models import DenseKVCache
+
+    cfg, dev = model.config, model.device
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for L in tqdm(contexts, desc="ch07 sparse vs context", leave=False, disable=not progress_default(progress)):
+        ids = torch.randint(3, cfg.vocab_size, (1, L), generator=gen).to(dev)  # (1, L)
+        caches = {"dense": DenseKVCache(cfg, 1, L + steps + 1, dev, model.dtype),
+                  "sparse": make_cache(spec, cfg, L + steps + 1, dev, model.dtype)}
+        tok = {}
+        for k, c in caches.items():
+            tok[k] = model(ids, c.begin(L), logits="last").logits[:, -1].argmax(-1, keepdim=True)  # (1, 1)
+        times: dict[str, list[float]] = {"dense": [], "sparse": []}
+        for s in range(steps + 1):
+            for k, c in caches.items():
+                clock = Stopwatch(dev)
+                tok[k] = model(tok[k], c.begin(1), logits="last").logits[:, -1].argmax(-1, keepdim=True)
+                if s:  # step 0 warms up the decode shapes
+                    times[k].append(clock.elapsed())
+        e = ratio_estimate(times["dense"], times["sparse"])
+        rows.append({"context": int(L), "dense_ms": 1e3 * float(np.median(times["dense"])),
+                     "sparse_ms": 1e3 * float(np.median(times["sparse"])), "speedup": e.value,
+                     "low": e.ci_low, "high": e.ci_high})
+    return pd.DataFrame(rows)

@@ -1,0 +1,280 @@
+"""Chapter 7's pure logic on synthetic numbers (stack planning, waterfall, interaction, quality, verdicts),
+plus one tiny-model run of the latency loop."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from studylib.claims import CONDITIONAL, FAILS, HOLDS
+from studylib.errors import StudylibError
+from studylib.experiments import ch07_combined as cc
+from studylib.experiments import ch07_quality as cq
+from studylib.experiments import ch07_report as report
+from studylib.experiments import ch07_stack as stk
+from studylib.experiments import ch07_system as sys7
+
+OPTS = {"prompt-lookup": {"gamma": 4}, "speculative": {"draft": "self:exit:1"}, "lookahead": {}}
+ATT = "sinks:4,12"
+
+
+def always(_techs):
+    return None
+
+
+# ------------------------------------------------------------------------------------ plan_stack
+
+
+def test_plan_stack_takes_every_helpful_composable_technique_in_order():
+    speed = {cc.PREFIX: 2.0, "prompt-lookup": 1.5, "speculative": 1.8, "lookahead": 0.9, cc.WINDOW: 1.1}
+    plan = stk.plan_stack(speed, window_quality_ok=True, composable=always)
+    assert plan.chain == [(cc.PREFIX,), (cc.PREFIX, "speculative"), (cc.PREFIX, "speculative", cc.WINDOW)]
+    assert any("lookahead left out" in n for n in plan.notes)
+
+
+def test_plan_stack_drops_window_below_the_quality_bar():
+    speed = {cc.PREFIX: 2.0, "prompt-lookup": 1.5, cc.WINDOW: 3.0}
+    plan = stk.plan_stack(speed, window_quality_ok=False, composable=always)
+    assert plan.stack == (cc.PREFIX, "prompt-lookup")
+    assert any("quality bar" in n for n in plan.notes)
+
+
+def test_plan_stack_falls_back_to_next_decoder_that_composes():
+    speed = {cc.PREFIX: 3.0, "prompt-lookup": 2.0, "speculative": 1.2}
+
+    def composable(techs):
+        return "no prefix_store" if "prompt-lookup" in techs and cc.PREFIX in techs else None
+
+    plan = stk.plan_stack(speed, window_quality_ok=True, composable=composable)
+    assert plan.stack == (cc.PREFIX, "speculative")
+    assert any("prompt-lookup cannot stack" in n for n in plan.notes)
+
+
+def test_plan_stack_keeps_faster_decoder_alone_when_it_cannot_compose():
+    speed = {cc.PREFIX: 1.2, "prompt-lookup": 2.0}
+    plan = stk.plan_stack(speed, True, lambda techs: "no" if len(techs) > 1 else None)
+    assert plan.chain == [("prompt-lookup",)]
+
+
+def test_plans_text_names_every_workload_and_reason():
+    plans = {"a": stk.plan_stack({cc.PREFIX: 2.0, "speculative": 0.5}, True, always),
+             "b": stk.plan_stack({cc.PREFIX: 0.5}, True, always)}
+    text = stk.plans_text(plans, OPTS, ATT)
+    assert "**a**: prefix cache." in text and "speculative left out: 0.50x" in text
+    assert "**b**: nothing." in text
+
+
+def test_plan_stack_with_nothing_helping_is_the_baseline():
+    plan = stk.plan_stack({cc.PREFIX: 0.9, "speculative": 0.5}, True, always)
+    assert plan.chain == [] and plan.stack == ()
+    assert stk.stack_arm_name(plan, OPTS, ATT) == cc.BASELINE
+
+
+# ------------------------------------------------------------------------- synthetic runs
+
+
+def fake_runs(times: dict[str, list[float]], workload: str = "w", ttft: dict | None = None) -> pd.DataFrame:
+    rows = []
+    for arm, ts in times.items():
+        techs = () if arm == cc.BASELINE else tuple(arm.split(" + "))
+        for i, t in enumerate(ts):
+            rows.append({"workload": workload, "request": f"r{i}", "order": i, "arm": arm, "techniques": techs,
+                         "lossless": True, "attention": "dense", "prompt_tokens": 100, "new_tokens": 10,
+                         "hit_tokens": 0, "ttft_s": (ttft or {}).get(arm, [0.1 * t] * len(ts))[i], "e2e_s": t,
+                         "tpot_s": 0.9 * t / 9, "tokens_per_forward": 1.0, "tokens": [1, 2, 3], "text": "",
+                         "alpha": None, "cost_ratio": None})
+    return pd.DataFrame(rows)
+
+
+def test_waterfall_factors_multiply_to_the_stack_speedup():
+    base = [4.0, 6.0, 5.0, 7.0]
+    runs = fake_runs({cc.BASELINE: base, cc.PREFIX: [2.0, 4.0, 3.0, 3.5],
+                      f"{cc.PREFIX} + prompt-lookup": [1.0, 2.5, 1.5, 2.0]})
+    plan = stk.StackPlan([(cc.PREFIX,), (cc.PREFIX, "prompt-lookup")], [])
+    wf = stk.waterfall_frame(runs, {"w": plan}, OPTS, ATT)
+    assert list(wf.added) == [cc.PREFIX, "prompt-lookup"]
+    total = np.median(base) / np.median([1.0, 2.5, 1.5, 2.0])
+    assert math.isclose(float(np.prod(wf.factor)), total) and math.isclose(wf.cumulative.iloc[-1], total)
+    summary = cc.latency_summary(runs)
+    row = summary[summary.arm == f"{cc.PREFIX} + prompt-lookup"].iloc[0]
+    assert math.isclose(row.speedup, total) and row.exact_match == 1.0
+
+
+def test_interaction_is_one_when_gains_multiply_and_below_one_when_they_overlap():
+    base = np.array([4.0, 6.0, 5.0, 8.0, 7.0])
+    a, b = base / 2, base / 3
+    runs = fake_runs({cc.BASELINE: base.tolist(), "A": a.tolist(), "B": b.tolist(), "A + B": (base / 6).tolist()})
+    est = stk.interaction(runs, "w", "A + B", ["A", "B"])
+    assert math.isclose(est["value"], 1.0) and est["ci_low"] <= 1.0 <= est["ci_high"]
+    runs = fake_runs({cc.BASELINE: base.tolist(), "A": a.tolist(), "B": b.tolist(), "A + B": (base / 3).tolist()})
+    est = stk.interaction(runs, "w", "A + B", ["A", "B"])
+    assert est["value"] == pytest.approx(0.5) and est["ci_high"] < 1.0
+
+
+def test_prefix_gain_fades_with_output_length():
+    runs = fake_runs({cc.BASELINE: [1.0, 1.2, 1.1], cc.PREFIX: [1.0, 1.2, 1.1]},
+                     ttft={cc.BASELINE: [1.0, 1.2, 1.1], cc.PREFIX: [0.1, 0.12, 0.11]})
+    runs["tpot_s"] = 0.05
+    curve = sys7.prefix_vs_output(runs, "w", [1, 16, 1024])
+    assert curve.speedup.iloc[0] == pytest.approx(10.0)
+    assert curve.speedup.is_monotonic_decreasing and curve.speedup.iloc[-1] < 1.1
+
+
+# --------------------------------------------------------------------------------- quality
+
+
+def test_agreement_counts_positions_over_the_longer_output():
+    assert cc.agreement([1, 2, 3], [1, 2, 3]) == 1.0
+    assert cc.agreement([1, 2, 3, 4], [1, 9, 3]) == 0.5
+    assert cc.agreement([], []) == 1.0
+
+
+def test_retained_uses_exact_match_for_lossless_and_the_worst_measure_otherwise():
+    assert cq.retained(True, 0.75, 0.9, 0.5, 2.0) == (0.75, "exact match")
+    assert cq.retained(False, 0.0, 0.95, 0.9, 1.01) == (0.9, "task score ratio")
+    v, key = cq.retained(False, 0.0, 0.99, float("nan"), 1.25)
+    assert key == "1 / perplexity ratio" and v == pytest.approx(0.8)
+    assert cq.retained(False, 0.0, 0.6, None, None) == (0.6, "greedy agreement")
+
+
+def test_perplexity_counts_only_where_contexts_outgrow_the_window():
+    ppl = {ATT: {"ppl_ratio": 1.25, "ppl_ratio_low": 1.2, "ppl_ratio_high": 1.3}}
+    empty = pd.DataFrame(columns=["workload", "request", "arm", "metric", "score"])
+    for prompt, expect in ((100, 0.8), (8, 1.0)):  # budget 4 + 12 = 16 keys
+        runs = fake_runs({cc.BASELINE: [1.0, 1.0], "w": [1.0, 1.0]})
+        runs.loc[runs.arm == "w", ["lossless", "attention"]] = [False, ATT]
+        runs["prompt_tokens"] = prompt
+        runs["new_tokens"] = 3
+        q = cq.quality_frame(runs, empty, ppl).set_index("arm").loc["w"]
+        assert q.quality_retained == pytest.approx(expect) and q.agreement == 1.0
+
+
+def test_task_ratio_is_undefined_when_the_baseline_scores_zero():
+    scores = pd.DataFrame({"workload": ["xsum"] * 4, "request": ["a", "b", "a", "b"],
+                           "arm": ["ar", "ar", "x", "x"], "metric": "ROUGE-L F1", "score": [0.0, 0.0, 0.1, 0.0]})
+    assert math.isnan(cq.task_ratio(scores, "xsum", "x")[2])
+    scores["score"] = [0.4, 0.2, 0.3, 0.3]
+    assert cq.task_ratio(scores, "xsum", "x")[2] == pytest.approx(1.0)
+
+
+# --------------------------------------------------------------------------------- verdicts
+
+
+def stacks_frame(speedups, lows, highs, quality=1.0):
+    return pd.DataFrame({"workload": [f"w{i}" for i in range(len(speedups))], "stack": "s", "requests": 4,
+                         "speedup": speedups, "low": lows, "high": highs, "ttft_speedup": 1.0, "tpot_speedup": 1.0,
+                         "quality": quality, "q_low": quality, "q_high": quality, "binding": "exact match"})
+
+
+def test_latency_verdict_follows_the_rule_per_workload():
+    assert report.judge_latency(stacks_frame([12, 15], [11, 12], [13, 18]), "c").verdict == HOLDS
+    v = report.judge_latency(stacks_frame([12, 2], [11, 1.5], [13, 2.5]), "c")
+    assert v.verdict == CONDITIONAL and "w0" in v.conditions and "w1" in v.conditions
+    assert report.judge_latency(stacks_frame([1.2, 2], [1.1, 1.5], [1.3, 2.5]), "c").verdict == FAILS
+
+
+def test_quality_verdict_fails_below_99_percent():
+    assert report.judge_quality(stacks_frame([1.0], [1.0], [1.0], quality=1.0), "c").verdict == HOLDS
+    assert report.judge_quality(stacks_frame([1.0], [1.0], [1.0], quality=0.5), "c").verdict == FAILS
+    tsum = pd.DataFrame({"policy": ["continuous + radix"], "exact_match": [0.5]})
+    v = report.judge_quality(stacks_frame([1.0], [1.0], [1.0], quality=1.0), "c", tsum)
+    assert v.verdict == CONDITIONAL and "serving (continuous + radix)" in v.conditions
+
+
+def test_throughput_verdict_and_the_range_note():
+    tsum = pd.DataFrame({"policy": ["continuous + radix"], "gain": [20.0], "gain_low": [18.0], "gain_high": [22.0]})
+    v = report.judge_throughput(tsum, "c")
+    assert v.verdict == HOLDS and "above the claimed" in v.conditions
+    tsum["gain"], tsum["gain_low"], tsum["gain_high"] = 3.0, 2.5, 3.5
+    assert report.judge_throughput(tsum, "c").verdict == FAILS
+
+
+def test_c8_checks_read_the_numbers():
+    spec = pd.DataFrame({"batch": [1, 16], "gain": [1.5, 0.8]})
+    prefix = pd.Series({"workload": "w", "ttft_speedup": 5.0, "ttft_low": 4.0, "ttft_high": 6.0,
+                        "tpot_speedup": 1.0, "tpot_low": 0.9, "tpot_high": 1.1})
+    sparse = pd.DataFrame({"context": [256, 2048], "speedup": [0.9, 1.6]})
+    inter = pd.DataFrame({"workload": ["w"], "stack": ["s"], "ratio": [0.6], "low": [0.5], "high": [0.7]})
+    checks = report.c8_checks(spec, prefix, sparse, inter)
+    assert len(checks) == 4 and all(checks.values())
+    assert report.judge_c8(checks, "c").verdict == HOLDS
+    spec["gain"] = [0.8, 1.5]
+    inter["high"] = 1.2
+    checks = report.c8_checks(spec, prefix, sparse, inter)
+    assert sum(checks.values()) == 2 and report.judge_c8(checks, "c").verdict == CONDITIONAL
+    with pytest.raises(StudylibError):
+        report.judge_c8({}, "c")
+
+
+# ------------------------------------------------------------------------- reports and anchors
+
+
+def test_chapter_json_is_found_from_the_runner_staging_folder(tmp_path):
+    (tmp_path / "ch05.json").write_text(json.dumps({"measurements": {"step_curve": [
+        {"batch": b, "tokens_per_seq": k, "step_s": 0.01 * b * (1 + (k > 1))} for b in (1, 4) for k in (1, 3)]}}))
+    staging = tmp_path / ".staging" / "ch07"
+    staging.mkdir(parents=True)
+    assert sys7.chapter_json(staging, 5) is not None and sys7.chapter_json(staging, 2) is None
+    alpha = {"alpha": 0.5, "alpha_low": 0.4, "alpha_high": 0.6}
+    # model=None: the saved curve must be used, nothing measured.
+    gain, source = sys7.spec_gain_vs_batch(None, [1, 4], 2, alpha, 0.1, out_dir=staging)
+    assert "chapter 5" in source and list(gain.batch) == [1, 4]
+    assert (gain.gain_low <= gain.gain).all() and (gain.gain <= gain.gain_high).all()
+
+
+def test_anchor_table_collects_every_chapter_and_ours():
+    import importlib
+    import pkgutil
+
+    import studylib.experiments as pkg
+
+    sources = set()
+    for m in pkgutil.iter_modules(pkg.__path__):
+        if m.name.startswith("ch") and m.name[2:4].isdigit():
+            anchors = getattr(importlib.import_module(f"studylib.experiments.{m.name}"), "ANCHORS", None)
+            if anchors is not None:
+                recs = anchors.to_dict("records") if hasattr(anchors, "to_dict") else anchors
+                sources |= {r["source"] for r in recs}
+    ours = [{"source": "this study", "result": "1.0x", "model": "m", "hardware": "h"}]
+    df = report.anchors_frame(ours)
+    assert sources <= set(df.source) and report.ANCHORS[0]["source"] in sources
+    assert df.iloc[-1].source == "this study" and df.iloc[-1].chapter == 7
+
+
+# ------------------------------------------------------------------------------ tiny model run
+
+
+def test_missing_keyword_is_reported_not_guessed(monkeypatch):
+    def generate(model, prompt_ids, max_new_tokens, sampling=None, tokenizer=None, gamma=1):
+        raise AssertionError("must not be called")
+
+    monkeypatch.setattr(cc, "get_decoder", lambda method: generate)
+    arm = cc.make_arm((cc.PREFIX, "prompt-lookup"), OPTS, ATT)
+    assert cc.missing_options("prompt-lookup", arm) == ["prefix_store"]
+    with pytest.raises(StudylibError, match="prefix_store"):
+        cc.decode_arm(None, None, arm, [1, 2, 3], 2)
+
+
+def test_lossless_arms_reproduce_ar_on_a_tiny_model(tiny):
+    from studylib.workloads.prefix import PrefixRequest, PrefixWorkload
+
+    model, tok = tiny
+    shared = tok.encode("a shared system prompt that both requests start with. ")
+    reqs = [PrefixRequest(f"q{i}", shared + tok.encode(q), 6, "g") for i, q in enumerate(("one?", "two!"))]
+    wls = {"w": cc.NamedWorkload("w", PrefixWorkload("w", reqs, "two requests"))}
+    opts = {**OPTS, "lookahead": {"window": 2, "ngram": 3, "guesses": 2}}
+    arms = cc.single_arms(opts, ATT, decoders=("prompt-lookup", "lookahead"))
+    # Every decoder that composes with the prefix cache in this checkout is stacked on it too.
+    stacks = [cc.make_arm((cc.PREFIX, d), opts, ATT) for d in cc.DECODERS if d != "speculative"]
+    arms += [a for a in stacks if cc.probe(model, tok, a, block_size=4) is None]
+    runs = cc.run_arms(model, tok, wls, arms, block_size=4, capacity_tokens=256, progress=False)
+    assert len(runs) == 2 * len(arms)
+    summary = cc.latency_summary(runs)
+    lossless = summary[summary.lossless]
+    assert (lossless.exact_match == 1.0).all()
+    hits = runs[runs.arm == cc.PREFIX].sort_values("order").hit_tokens.tolist()
+    assert hits[0] == 0 and hits[1] > 0  # the store persists across the workload's requests
