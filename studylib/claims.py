@@ -288,6 +288,7 @@ def load_chapter(path: str | Path) -> dict[str, Any]:
 
 
 def load_verdicts(profile_dir: str | Path) -> list[Verdict]:
-    """Every verdict in ``<profile_dir>/chNN.json``, ordered by claim id then chapter."""
+    """Every verdict in ``<profile_dir>/chNN.json``: the combined chapter's headline first (it is the
+    study's conclusion), then by claim id and chapter."""
     out = [v for f in chapter_files(profile_dir) for v in load_chapter(f)["verdicts"]]
-    return sorted(out, key=lambda v: (int(v.id[1:]), v.chapter))
+    return sorted(out, key=lambda v: (v.chapter != 7, int(v.id[1:]), v.chapter))

@@ -28,6 +28,7 @@ import torch
 
 from studylib.bench.stats import estimate, ratio_estimate
 from studylib.decoding.common import Stopwatch
+from studylib.experiments.ch05_interplay import reports_folder
 from studylib.experiments.ch07_combined import BASELINE, PREFIX, agreement, paired, progress_default
 
 AR_POLICY = "ar (one at a time)"
@@ -176,13 +177,6 @@ def alpha_inputs(runs: pd.DataFrame, out_dir: str | Path, gamma: int, fallback_a
     s = speculative_inputs(reports_folder(out_dir), fallback_alpha, gamma, fallback_cost)
     return {"alpha": s["alpha"], "alpha_low": s["alpha"], "alpha_high": s["alpha"], "cost_ratio": s["draft_cost"],
             "requests": 0, "source": s["source"]}
-
-
-def reports_folder(out_dir: str | Path) -> Path:
-    """Where this profile's chNN.json files live. The workbook runner executes a chapter with
-    ``out_dir = <reports>/.staging/chNN``, so the other chapters' records are two levels up."""
-    out = Path(out_dir)
-    return out.parent.parent if out.parent.name == ".staging" else out
 
 
 def chapter_json(out_dir: str | Path, chapter: int) -> dict | None:
