@@ -64,3 +64,18 @@ def test_lookahead_with_prefix_store_is_token_identical(tiny):
         assert got.token_ids == ref.token_ids
     assert got.extra["prefix_hit_tokens"] >= len(p) - 4
     store.pool.check_accounting()
+
+
+def test_speculative_and_prompt_lookup_with_prefix_store(tiny):
+    from studylib.decoding import prompt_lookup, speculative
+
+    model, tok = tiny
+    shared = tok.encode("the same system prompt, again and again. ")
+    for gen, opts in ((prompt_lookup.generate, {"gamma": 4}), (speculative.generate, {"draft": "self:1", "gamma": 3})):
+        store = PrefixStore(model, capacity_tokens=512, block_size=4)
+        for q in ("one two", "three four", "one two"):
+            p = shared + tok.encode(q)
+            assert gen(model, p, 20, tokenizer=tok, prefix_store=store, **opts).token_ids == \
+                ar.generate(model, p, 20, tokenizer=tok).token_ids
+        assert store.last_hit >= len(p) - 4
+        store.pool.check_accounting()

@@ -1,0 +1,403 @@
+"""``studylib train-draft``: distil a small Llama-family draft from the target (default smollm2-135m).
+
+No smaller SmolLM2 exists, so we make one. The recipe, chosen for a 2-core CPU and ~25 minutes:
+- Shape: the target's width (576 for SmolLM2-135M) and tokenizer, ``--layers`` decoder layers (4 of
+  30), tied embeddings. Width is kept so the draft starts from the target's own weights: embeddings,
+  final norm and ``--layers`` of its layers. ``--init auto`` measures the distillation loss of a few
+  candidate layer subsets (first k, evenly spaced, first k-1 plus the last, half from each end) and
+  starts from the lowest.
+- Data (``draft_data``): text the target writes for training prompts, with its top-k next-token
+  log-probs recorded while it writes. Chapter 2's evaluation prompts are never trained on.
+- Loss: cross-entropy of the draft against the target's top-k distribution (renormalised), i.e.
+  forward KL up to a constant, on the continuation tokens. AdamW, linear warm-up, cosine decay.
+- Engineering: seeded (batches are a function of seed and step, so resuming reproduces the run), a
+  tqdm bar, a checkpoint in ``cache_dir("drafts", "<target>-distilled-work")`` (``<out>-work`` with
+  ``--out``) every ``--save-every``
+  steps, a hard wall-time cap (``--max-minutes``, data generation included) after which the current
+  weights are exported and a rerun resumes. The export is an HF-format directory (config.json,
+  model.safetensors, tokenizer files, draft_meta.json, draft_vocab.json) in
+  ``cache_dir("drafts", "<target>-distilled")``, which ``--draft distilled`` and ``load_model(path)`` read.
+- ``draft_vocab.json``: the ``--head-vocab`` tokens the target emits most often. The draft's LM head
+  is the largest part of its cost; ``--draft distilled`` projects onto these rows only (proposals
+  outside them are simply never made, which stays exact), ``distilled:full`` uses the whole head.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from studylib.cache import cache_dir
+from studylib.errors import StudylibError
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in Path(name).name or name)
+
+
+def distilled_dir(target_name: str) -> Path:
+    return cache_dir("drafts", f"{_slug(target_name)}-distilled")
+
+
+def work_dir(target_name: str) -> Path:
+    return cache_dir("drafts", f"{_slug(target_name)}-distilled-work")
+
+
+@dataclass
+class DraftTrainConfig:
+    model: str = "smollm2-135m"
+    layers: int = 4
+    init: str = "auto"  # auto | spaced | first | random
+    sources: tuple[str, ...] = ("chat", "self")
+    self_prompts: int = 48
+    samples: int = 2  # sampled answers per prompt, besides the greedy one
+    gen_tokens: int = 160
+    temperature: float = 0.8
+    store_top_k: int = 32
+    steps: int = 600
+    batch_size: int = 4
+    lr: float = 5e-4
+    warmup: int = 20
+    max_minutes: float = 25.0
+    seed: int = 0
+    head_vocab: int = 8192
+    gen_batch: int = 8
+    save_every: int = 50
+    device: str = "cpu"
+    fresh: bool = False
+    out: str | None = None
+
+    def __post_init__(self) -> None:
+        self.sources = tuple(self.sources)
+        checks = {
+            "layers": self.layers >= 1, "steps": self.steps >= 1, "batch_size": self.batch_size >= 1,
+            "lr": self.lr > 0, "max_minutes": self.max_minutes > 0, "gen_tokens": self.gen_tokens >= 1,
+            "store_top_k": self.store_top_k >= 1, "samples": self.samples >= 0, "head_vocab": self.head_vocab >= 0,
+        }
+        bad = [k for k, ok in checks.items() if not ok]
+        if bad:
+            raise StudylibError(f"train-draft: invalid {', '.join(bad)}; see `studylib train-draft --help`.")
+        if self.init not in ("auto", "spaced", "first", "random"):
+            raise StudylibError(f"--init must be auto, spaced, first or random, got {self.init!r}.")
+        if not self.sources or set(self.sources) - {"chat", "self"}:
+            raise StudylibError(f"--sources takes chat and/or self, got {','.join(self.sources)!r}.")
+
+    def key(self, *fields: str) -> str:
+        d = asdict(self)
+        return hashlib.sha256(json.dumps({f: d[f] for f in fields}, default=str).encode()).hexdigest()[:12]
+
+
+DATA_FIELDS = ("model", "sources", "self_prompts", "samples", "gen_tokens", "temperature", "store_top_k", "seed")
+TRAIN_FIELDS = (*DATA_FIELDS, "layers", "init", "steps", "batch_size", "lr", "warmup")
+
+
+class _Deadline:
+    def __init__(self, minutes: float):
+        self.end = time.monotonic() + minutes * 60
+
+    @property
+    def passed(self) -> bool:
+        return time.monotonic() >= self.end
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+def _make_data(cfg: DraftTrainConfig, target, tok, work: Path, deadline: _Deadline) -> tuple[list, bool]:
+    """Generate (or resume generating) the distillation set; returns (sequences, complete)."""
+    from tqdm.auto import tqdm
+
+    from studylib.decoding.common import eos_set
+    from studylib.decoding.draft_data import chat_prompts, generate_batch, self_prompts
+    from studylib.sampling import SamplingParams
+
+    path, key = work / "data.pt", cfg.key(*DATA_FIELDS)
+    state = torch.load(path, weights_only=False) if path.exists() and not cfg.fresh else None
+    if state is None or state.get("key") != key:
+        prompts = chat_prompts(tok) if "chat" in cfg.sources else []
+        if "self" in cfg.sources:
+            prompts += self_prompts(target, tok, cfg.self_prompts, cfg.seed, cfg.gen_batch)
+        state = {"key": key, "prompts": prompts, "done": 0, "seqs": []}
+    prompts = state["prompts"]
+    # Task i: prompt i % P, answered greedily in round 0 and by sampling in rounds 1..samples.
+    tasks = [(r, i) for r in range(cfg.samples + 1) for i in range(len(prompts))]
+    eos = eos_set(target, tok)
+    with tqdm(total=len(tasks), initial=state["done"], desc="draft data (target writes)", leave=False) as bar:
+        while state["done"] < len(tasks) and not deadline.passed:
+            chunk = tasks[state["done"] : state["done"] + cfg.gen_batch]
+            rnd = chunk[0][0]
+            chunk = [t for t in chunk if t[0] == rnd]  # one sampling mode per batch
+            sampling = SamplingParams(0.0) if rnd == 0 else SamplingParams(cfg.temperature, seed=cfg.seed + state["done"])
+            gen = sampling.generator(target.device)
+            state["seqs"] += generate_batch(target, [prompts[i] for _, i in chunk], cfg.gen_tokens, sampling, gen,
+                                            cfg.store_top_k, eos)
+            state["done"] += len(chunk)
+            bar.update(len(chunk))
+            torch.save(state, path)
+    return state["seqs"], state["done"] >= len(tasks)
+
+
+# ---------------------------------------------------------------------------------------------- model
+
+
+def _choose_init_layers(cfg: DraftTrainConfig, target, seqs) -> tuple[list[int], dict]:
+    """Which target layers the draft starts from; ``auto`` measures the candidates (module docstring)."""
+    n, k = target.config.num_layers, min(cfg.layers, target.config.num_layers)
+    cands = {
+        "first": list(range(k)),
+        "spaced": sorted({round(i * (n - 1) / max(k - 1, 1)) for i in range(k)}),
+        "first+last": [*range(k - 1), n - 1] if k > 1 else [0],
+        "ends": [*range(k - k // 2), *range(n - k // 2, n)],
+    }
+    if cfg.init in ("first", "spaced"):
+        return cands[cfg.init], {}
+    if cfg.init == "random" or not seqs:
+        return cands["first"], {}
+    # Measure: the distillation loss of each candidate before any training, on a few sequences.
+    probe = seqs[:: max(len(seqs) // 8, 1)][:8]
+    losses = {}
+    for name, keep in cands.items():
+        draft = _build_draft(cfg, target, keep).eval()
+        with torch.no_grad():
+            losses[name] = float(_loss(draft, _batch(probe, cfg.device))[0])
+    best = min(losses, key=losses.get)
+    return cands[best], {"init_losses": losses, "init_choice": best}
+
+
+def _build_draft(cfg: DraftTrainConfig, target, keep: list[int]):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    c = target.config
+    hf_cfg = LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=len(keep), num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta, rope_scaling=c.rope_scaling,
+        max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=c.tie_word_embeddings,
+        attention_bias=c.attention_bias, bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_ids[0],
+        pad_token_id=0,
+    )
+    torch.manual_seed(cfg.seed)
+    draft = LlamaForCausalLM(hf_cfg)
+    if cfg.init != "random":
+        src = {k: v.detach().clone().float() for k, v in target.state_dict().items()}
+        state = {k: v for k, v in src.items() if not k.startswith("model.layers.")}
+        for j, i in enumerate(keep):
+            prefix = f"model.layers.{i}."
+            state.update({f"model.layers.{j}." + k[len(prefix):]: v for k, v in src.items() if k.startswith(prefix)})
+        draft.load_state_dict(state, strict=False)
+    if c.tie_word_embeddings:
+        draft.tie_weights()
+    return draft.float().to(cfg.device).train()
+
+
+def _batch(seqs, device):
+    """Right-padded inputs and the (row, position) of every continuation token to score."""
+    T = max(len(s.ids) - 1 for s in seqs)
+    inp = torch.zeros(len(seqs), T, dtype=torch.long)
+    att = torch.zeros(len(seqs), T, dtype=torch.long)
+    rows, cols = [], []
+    for b, s in enumerate(seqs):
+        n = len(s.ids) - 1
+        inp[b, :n], att[b, :n] = s.ids[:-1], 1
+        c = s.top_idx.shape[0]
+        rows.append(torch.full((c,), b))
+        cols.append(torch.arange(s.prompt_len - 1, s.prompt_len - 1 + c))
+    top_idx = torch.cat([s.top_idx for s in seqs]).long()  # (N, k)
+    top_logp = torch.cat([s.top_logp for s in seqs]).float()  # (N, k)
+    return (inp.to(device), att.to(device), torch.cat(rows).to(device), torch.cat(cols).to(device),
+            top_idx.to(device), top_logp.to(device))
+
+
+def _loss(draft, batch) -> tuple[torch.Tensor, float]:
+    inp, att, rows, cols, top_idx, top_logp = batch
+    hidden = draft.model(input_ids=inp, attention_mask=att).last_hidden_state  # (B, T, H)
+    logits = draft.lm_head(hidden[rows, cols]).float()  # (N, V): only the scored positions
+    logq = torch.log_softmax(logits, -1)
+    p = torch.softmax(top_logp, -1)  # the target's top-k, renormalised
+    loss = -(p * logq.gather(1, top_idx)).sum(-1).mean()
+    top1 = float((logits.argmax(-1) == top_idx[:, 0]).float().mean())
+    return loss, top1
+
+
+def _lr(cfg: DraftTrainConfig, step: int) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    t = (step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
+
+
+# ---------------------------------------------------------------------------------------------- export
+
+
+def _head_vocab(seqs, size: int, eos: list[int]) -> list[int]:
+    """The ``size`` tokens the target most often ranks first (ties broken by top-k presence)."""
+    first, anywhere = Counter(), Counter()
+    for s in seqs:
+        first.update(s.top_idx[:, 0].tolist())
+        anywhere.update(s.top_idx.flatten().tolist())
+    ranked = sorted(anywhere, key=lambda t: (-first.get(t, 0), -anywhere[t], t))
+    keep = list(dict.fromkeys([*eos, *ranked]))[:size]
+    return sorted(keep)
+
+
+def _export(draft, cfg: DraftTrainConfig, target, meta: dict, head: list[int]) -> Path:
+    from studylib.models import model_dir
+
+    dest = Path(cfg.out) if cfg.out else distilled_dir(target.config.name)
+    tmp = dest.parent / (dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    draft.save_pretrained(tmp, safe_serialization=True)
+    src = model_dir(target.config.name) if not target.config.random_weights else None
+    if src is not None:
+        for f in src.iterdir():
+            if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", "manifest.json"):
+                shutil.copy2(f, tmp / f.name)
+    meta["path"] = str(dest)
+    (tmp / "draft_vocab.json").write_text(json.dumps(head))
+    (tmp / "draft_meta.json").write_text(json.dumps(meta, indent=1, default=str))
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    return dest
+
+
+def load_draft_weights(path: Path, device, dtype):
+    """The runtime model in an exported draft directory (no tokenizer needed, so random targets work)."""
+    from transformers import AutoConfig
+
+    from studylib.models import ModelConfig, _load_weights
+
+    path = Path(path)
+    cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(path), name=f"draft:{path.name}")
+    return _load_weights(path, cfg, device, dtype)
+
+
+def draft_meta(target_name: str) -> dict | None:
+    path = distilled_dir(target_name) / "draft_meta.json"
+    return {**json.loads(path.read_text()), "path": str(path.parent)} if path.exists() else None
+
+
+# ---------------------------------------------------------------------------------------------- train
+
+
+def train_draft(cfg: DraftTrainConfig, loaded: tuple | None = None) -> dict:
+    """Generate data, train (resuming a checkpoint when the config matches) and export; returns the meta.
+
+    ``loaded``: the target as ``(model, tokenizer)`` when the caller already has it in float32."""
+    from tqdm.auto import tqdm
+
+    from studylib.models import load_model
+
+    t_start = time.monotonic()
+    deadline = _Deadline(cfg.max_minutes)
+    torch.manual_seed(cfg.seed)
+    target, tok = loaded if loaded is not None else load_model(cfg.model, cfg.device, "float32")
+    work = Path(cfg.out).with_name(Path(cfg.out).name + "-work") if cfg.out else work_dir(target.config.name)
+    work.mkdir(parents=True, exist_ok=True)
+    seqs, data_complete = _make_data(cfg, target, tok, work, deadline)
+    if not seqs:
+        raise StudylibError("train-draft: the time cap passed before any data was generated; raise --max-minutes.")
+    val = seqs[::20]
+    train = [s for i, s in enumerate(seqs) if i % 20] or seqs
+    ckpt_path, key = work / "ckpt.pt", cfg.key(*TRAIN_FIELDS)
+    ckpt = torch.load(ckpt_path, weights_only=False) if ckpt_path.exists() and not cfg.fresh else None
+    if ckpt is not None and ckpt.get("key") != key:
+        ckpt = None
+    keep, init_info = (ckpt["keep"], ckpt["init_info"]) if ckpt else _choose_init_layers(cfg, target, seqs)
+    draft = _build_draft(cfg, target, keep)
+    opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, weight_decay=0.0)
+    step, history = 0, []
+    if ckpt:
+        draft.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optim"])
+        step, history = ckpt["step"], ckpt["history"]
+
+    def save() -> None:
+        torch.save({"key": key, "keep": keep, "init_info": init_info, "model": draft.state_dict(),
+                    "optim": opt.state_dict(), "step": step, "history": history}, ckpt_path)
+
+    with tqdm(total=cfg.steps, initial=step, desc="draft distillation", leave=False) as bar:
+        while step < cfg.steps and not deadline.passed:
+            g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)  # batch = f(seed, step): resumable
+            pick = torch.randint(0, len(train), (cfg.batch_size,), generator=g).tolist()
+            for group in opt.param_groups:
+                group["lr"] = _lr(cfg, step)
+            loss, top1 = _loss(draft, _batch([train[i] for i in pick], cfg.device))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+            opt.step()
+            step += 1
+            history.append({"step": step, "loss": loss.item(), "top1": top1})
+            bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{top1:.2f}")
+            bar.update()
+            if step % cfg.save_every == 0:
+                save()
+    save()
+    draft.eval()
+    with torch.no_grad():
+        vals = [_loss(draft, _batch(val[i : i + cfg.batch_size], cfg.device)) for i in range(0, len(val), cfg.batch_size)]
+    c = target.config
+    meta = {
+        "target": c.name, "layers": len(keep), "init_layers": keep, **init_info,
+        "params": sum(p.numel() for p in draft.parameters()), "target_params": c.num_params,
+        "steps_done": step, "steps_total": cfg.steps, "complete": step >= cfg.steps and data_complete,
+        "data_complete": data_complete, "sequences": len(seqs),
+        "train_tokens": int(sum(s.top_idx.shape[0] for s in train)),
+        "val_loss": sum(float(v[0]) for v in vals) / max(len(vals), 1),
+        "val_top1": sum(v[1] for v in vals) / max(len(vals), 1),
+        "history": history[-200:], "minutes_this_run": (time.monotonic() - t_start) / 60,
+        "heldout_rule": "chat ids numbered 1, 4, 7, ... (draft_data.is_heldout) are never trained on", "config": asdict(cfg),
+    }
+    head = _head_vocab(seqs, cfg.head_vocab, c.eos_token_ids) if cfg.head_vocab else []
+    meta["head_vocab"] = len(head)
+    _export(draft, cfg, target, meta, head)
+    return meta
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = DraftTrainConfig()
+    p.add_argument("--model", default=d.model, help="target model (default smollm2-135m)")
+    p.add_argument("--layers", type=int, default=d.layers, help="draft decoder layers (default 4)")
+    p.add_argument("--init", default=d.init, help="auto | spaced | first | random: which target layers to start from")
+    p.add_argument("--sources", default=",".join(d.sources), help="prompt sources: chat,self")
+    p.add_argument("--self-prompts", type=int, default=d.self_prompts, help="user turns the target writes itself")
+    p.add_argument("--samples", type=int, default=d.samples, help="sampled answers per prompt besides greedy")
+    p.add_argument("--gen-tokens", type=int, default=d.gen_tokens)
+    p.add_argument("--temperature", type=float, default=d.temperature)
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--max-minutes", type=float, default=d.max_minutes, help="hard wall-time cap (default 25)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--head-vocab", type=int, default=d.head_vocab, help="rows of the fast draft head (0: none)")
+    p.add_argument("--save-every", type=int, default=d.save_every)
+    p.add_argument("--device", default=d.device)
+    p.add_argument("--fresh", action="store_true", help="ignore cached data and checkpoint")
+    p.add_argument("--out", default=None, help="export directory (default: the cache, found by --draft distilled)")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = DraftTrainConfig(
+        model=args.model, layers=args.layers, init=args.init, sources=tuple(args.sources.split(",")),
+        self_prompts=args.self_prompts, samples=args.samples, gen_tokens=args.gen_tokens,
+        temperature=args.temperature, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        max_minutes=args.max_minutes, seed=args.seed, head_vocab=args.head_vocab, save_every=args.save_every,
+        device=args.device, fresh=args.fresh, out=args.out,
+    )
+    meta = train_draft(cfg)
+    state = "complete" if meta["complete"] else "stopped at the time cap; rerun the same command to resume"
+    print(f"draft: {meta['path']} ({meta['params'] / 1e6:.1f}M params, {meta['layers']} layers from target layers "
+          f"{meta['init_layers']}), {meta['steps_done']}/{meta['steps_total']} steps, {state}; "
+          f"held-out top-1 agreement {meta['val_top1']:.3f}, loss {meta['val_loss']:.3f}")
+    return 0
