@@ -286,3 +286,14 @@ def test_train_draft_exports_resumes_and_drafts(tiny, tmp_path, monkeypatch):
     want = _ar(model, PROMPT, 20)
     assert speculative.generate(model, PROMPT, 20, draft=draft, gamma=3).token_ids == want
     assert speculative.generate(model, PROMPT, 20, draft="distilled:full", gamma=3).token_ids == want
+
+
+def test_adaptive_gamma_prefers_short_drafts_when_verification_is_costly():
+    cheap = AdaptiveGamma(cost_ratio=0.1, gamma_max=8)
+    costly = AdaptiveGamma(cost_ratio=0.1, gamma_max=8, verify_cost=[1.0 + 0.5 * n for n in range(9)])
+    for a in (cheap, costly):
+        for _ in range(10):
+            a.update(3, 4)  # alpha ~ 0.75 for both
+    assert costly.next() < cheap.next()
+    with pytest.raises(StudylibError, match="verify_cost"):
+        AdaptiveGamma(cost_ratio=0.1, gamma_max=8, verify_cost=[1.0, 1.2])

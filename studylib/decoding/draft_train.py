@@ -80,13 +80,14 @@ class DraftTrainConfig:
     def __post_init__(self) -> None:
         self.sources = tuple(self.sources)
         checks = {
-            "layers": self.layers >= 1, "steps": self.steps >= 1, "batch_size": self.batch_size >= 1,
-            "lr": self.lr > 0, "max_minutes": self.max_minutes > 0, "gen_tokens": self.gen_tokens >= 1,
-            "store_top_k": self.store_top_k >= 1, "samples": self.samples >= 0, "head_vocab": self.head_vocab >= 0,
+            "layers >= 1": self.layers >= 1, "steps >= 1": self.steps >= 1, "batch_size >= 1": self.batch_size >= 1,
+            "lr > 0": self.lr > 0, "max_minutes > 0": self.max_minutes > 0, "gen_tokens >= 1": self.gen_tokens >= 1,
+            "store_top_k >= 1": self.store_top_k >= 1, "samples >= 0": self.samples >= 0,
+            "head_vocab >= 0": self.head_vocab >= 0,
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
-            raise StudylibError(f"train-draft: invalid {', '.join(bad)}; see `studylib train-draft --help`.")
+            raise StudylibError(f"train-draft needs {', '.join(bad)}; fix the option (see `studylib train-draft --help`).")
         if self.init not in ("auto", "spaced", "first", "random"):
             raise StudylibError(f"--init must be auto, spaced, first or random, got {self.init!r}.")
         if not self.sources or set(self.sources) - {"chat", "self"}:

@@ -16,8 +16,10 @@ Adaptive gamma (``gamma="adaptive"``): per-token acceptance is modelled as i.i.d
 alpha, so a step accepts a truncated-geometric number of tokens. alpha is estimated online as
 accepted / (accepted + rejections), with counts decayed by ``DECAY`` per step (recent text matters
 more) and a prior of one pseudo-acceptance and one pseudo-rejection. Before each step we pick the
-gamma in 1..gamma_max that maximises the predicted speedup E[tokens](alpha, gamma) / (1 + gamma * c),
-where c is the draft/target cost ratio (weights read per token, ``drafts.layer_cost``, unless given).
+gamma in 1..gamma_max that maximises the predicted speedup E[tokens](alpha, gamma) / (v(gamma) + gamma * c),
+where c is the draft/target cost ratio (weights read per token, ``drafts.layer_cost``, unless given) and
+v(gamma) the cost of verifying gamma + 1 tokens relative to one AR step (1 unless a measured curve is
+given: on a GPU it is ~1, on a CPU it grows with gamma and the rule then prefers short drafts).
 It is deterministic, so a seeded sampling run is reproducible.
 """
 
@@ -47,10 +49,11 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
-def predicted_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
+def predicted_speedup(alpha: float, gamma: int, cost_ratio: float, verify_cost: float = 1.0) -> float:
     """Leviathan et al. Theorem 3.8: walltime improvement when a draft forward costs c target forwards
-    and verifying gamma + 1 tokens costs one target forward."""
-    return expected_tokens(alpha, gamma) / (1.0 + gamma * cost_ratio)
+    and verifying gamma + 1 tokens costs ``verify_cost`` target forwards (1 in the paper, where the
+    target is memory-bound; more on a CPU, where a forward of several tokens costs more than one)."""
+    return expected_tokens(alpha, gamma) / (verify_cost + gamma * cost_ratio)
 
 
 @dataclass
@@ -59,6 +62,8 @@ class AdaptiveGamma:
 
     cost_ratio: float
     gamma_max: int = 8
+    # verify_cost[n - 1]: cost of a target forward over n tokens relative to one token (None: all 1).
+    verify_cost: Sequence[float] | None = None
     accepted: float = 1.0
     rejected: float = 1.0
 
@@ -67,6 +72,12 @@ class AdaptiveGamma:
             raise StudylibError(f"gamma_max must be >= 1, got {self.gamma_max}.")
         if self.cost_ratio < 0:
             raise StudylibError(f"cost_ratio must be >= 0, got {self.cost_ratio}.")
+        if self.verify_cost is not None and len(self.verify_cost) < self.gamma_max + 1:
+            raise StudylibError(f"verify_cost needs {self.gamma_max + 1} entries (forwards of 1..gamma_max + 1 "
+                                f"tokens), got {len(self.verify_cost)}.")
+
+    def _v(self, gamma: int) -> float:
+        return 1.0 if self.verify_cost is None else float(self.verify_cost[gamma])
 
     @property
     def alpha(self) -> float:
@@ -74,7 +85,7 @@ class AdaptiveGamma:
 
     def next(self) -> int:
         a = self.alpha
-        return max(range(1, self.gamma_max + 1), key=lambda g: predicted_speedup(a, g, self.cost_ratio))
+        return max(range(1, self.gamma_max + 1), key=lambda g: predicted_speedup(a, g, self.cost_ratio, self._v(g)))
 
     def update(self, accepted: int, proposed: int) -> None:
         self.accepted = DECAY * self.accepted + accepted
@@ -185,9 +196,10 @@ def speculate(
     )
 
 
-def make_gamma(gamma: int | str, cost_ratio: float, gamma_max: int = 8) -> int | AdaptiveGamma:
+def make_gamma(gamma: int | str, cost_ratio: float, gamma_max: int = 8,
+               verify_cost: Sequence[float] | None = None) -> int | AdaptiveGamma:
     if gamma == "adaptive":
-        return AdaptiveGamma(cost_ratio=cost_ratio, gamma_max=gamma_max)
+        return AdaptiveGamma(cost_ratio=cost_ratio, gamma_max=gamma_max, verify_cost=verify_cost)
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise StudylibError(f"gamma must be an integer >= 1 or 'adaptive', got {gamma!r}.")
     return gamma
@@ -204,17 +216,18 @@ def generate(
     gamma: int | str = 4,
     gamma_max: int = 8,
     cost_ratio: float | None = None,
+    verify_cost: Sequence[float] | None = None,
     on_step: Callable[[DenseKVCache, list[int]], None] | None = None,
     prefix_store=None,
 ) -> GenerationResult:
     """Speculative decoding with ``draft`` (a spec string, a LlamaModel or a resolved drafter).
 
-    gamma: draft length, or "adaptive" (module docstring) up to ``gamma_max``; cost_ratio overrides
-    the draft/target cost estimate the adaptive rule uses.
+    gamma: draft length, or "adaptive" (module docstring) up to ``gamma_max``; cost_ratio and
+    verify_cost (relative cost of a target forward over 1..gamma_max + 1 tokens) feed the adaptive rule.
     """
     drafter = resolve_draft(draft, model)
     c = drafter.cost_ratio(model) if cost_ratio is None else cost_ratio
-    policy = make_gamma(gamma, c, gamma_max)
+    policy = make_gamma(gamma, c, gamma_max, verify_cost)
     res = speculate(
         model, prompt_ids, max_new_tokens, sampling, tokenizer,
         lambda cache, cap: drafter.session(model, cache, cap), policy, "speculative", on_step,

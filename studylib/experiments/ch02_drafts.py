@@ -146,3 +146,30 @@ def self_spec_summary(spec: str, info: Mapping | None) -> str:
             f"of {best['cost_ratio']:.2f}, predicting {best['predicted_speedup']:.2f}x at gamma = {best['best_gamma']} "
             f"if verification were free. Acceptance goes from {info['path'][1]['alpha']:.2f} with one layer skipped "
             f"to {info['path'][-1]['alpha']:.2f} with {len(info['path'][-1]['skipped'])}.")
+
+
+def verify_cost_curve(model: LlamaModel, max_tokens: int, context: int = 128, repeats: int = 5) -> pd.DataFrame:
+    """Seconds of one target forward over T = 1..``max_tokens`` new tokens after ``context`` cached
+    ones, and its cost relative to T = 1: v(gamma) = relative[gamma + 1] is what verifying gamma drafts
+    costs in AR steps. Leviathan et al. assume v = 1 (true on a memory-bound GPU); a CPU may disagree."""
+    import time
+
+    from studylib.models import DenseKVCache
+
+    gen = torch.Generator().manual_seed(0)
+    cache = DenseKVCache(model.config, 1, context + max_tokens, model.device, model.dtype)
+    model(torch.randint(3, model.config.vocab_size, (1, context), generator=gen), cache.begin(context), logits="none")
+    rows = []
+    for t in range(1, max_tokens + 1):
+        x = torch.randint(3, model.config.vocab_size, (1, t), generator=gen)
+        times = []
+        for i in range(repeats + 1):
+            t0 = time.perf_counter()
+            model(x, cache.begin(t))
+            if i:  # the first call warms this shape up
+                times.append(time.perf_counter() - t0)
+            cache.truncate(context)
+        rows.append({"tokens": t, "ms": 1e3 * float(np.median(times))})
+    df = pd.DataFrame(rows)
+    df["relative"] = df.ms / df.ms.iloc[0]
+    return df

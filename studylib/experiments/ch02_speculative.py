@@ -108,8 +108,10 @@ def parse_spec(spec: str) -> tuple[str, dict]:
 class Runner:
     """Decodes prompts with method specs, resolving each draft once."""
 
-    def __init__(self, model: LlamaModel, tok, draft_meta: dict | None = None):
+    def __init__(self, model: LlamaModel, tok, draft_meta: dict | None = None, verify_cost=None):
+        """verify_cost: relative cost of a target forward over 1, 2, ... tokens, for adaptive gamma."""
         self.model, self.tok, self.meta, self.drafters = model, tok, draft_meta, {}
+        self.verify_cost = None if verify_cost is None else [float(v) for v in verify_cost]
 
     def drafter(self, spec: str):
         from studylib.experiments.ch02_drafts import resolve
@@ -124,8 +126,11 @@ class Runner:
             return ar.generate(self.model, ids, max_new_tokens, sampling, tokenizer=self.tok)
         if family == "prompt-lookup":
             return prompt_lookup.generate(self.model, ids, max_new_tokens, sampling, tokenizer=self.tok, **opts)
+        adaptive = opts["gamma"] == "adaptive" and self.verify_cost is not None
         return speculative.generate(self.model, ids, max_new_tokens, sampling, tokenizer=self.tok,
-                                    draft=self.drafter(opts["draft"]), gamma=opts["gamma"])
+                                    draft=self.drafter(opts["draft"]), gamma=opts["gamma"],
+                                    gamma_max=min(8, len(self.verify_cost) - 1) if adaptive else 8,
+                                    verify_cost=self.verify_cost if adaptive else None)
 
 
 def run_methods(runner: Runner, prompts: Sequence[Prompt], specs: Sequence[str], max_new_tokens: int,
