@@ -18,13 +18,11 @@ class PromptRecord:
     meta: dict = field(default_factory=dict)
 
 
-def read_prompts(path: str | Path) -> list[PromptRecord]:
-    """Parse a JSONL prompts file: each line has ``id`` plus ``prompt`` (text) or ``messages`` (chat)."""
-    path = Path(path)
-    if not path.exists():
-        raise StudylibError(f"prompts file {path} does not exist.")
-    records: list[PromptRecord] = []
-    seen: set[str] = set()
+def jsonl_objects(path: Path, kind: str, expect: str):
+    """Yield ("file:line", object) for each non-blank line of a JSONL file, with one-line errors for a
+    missing file, invalid JSON or a line that is not an object (``expect`` says what it should hold)."""
+    if not path.is_file():
+        raise StudylibError(f"{kind} file {path} does not exist.")
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
@@ -34,7 +32,16 @@ def read_prompts(path: str | Path) -> list[PromptRecord]:
         except json.JSONDecodeError as exc:
             raise StudylibError(f"{where} is not valid JSON ({exc.msg}); each line must be one JSON object.") from None
         if not isinstance(obj, dict):
-            raise StudylibError(f"{where} must be a JSON object with 'id' and 'prompt' or 'messages'.")
+            raise StudylibError(f"{where} must be a JSON object with {expect}.")
+        yield where, obj
+
+
+def read_prompts(path: str | Path) -> list[PromptRecord]:
+    """Parse a JSONL prompts file: each line has ``id`` plus ``prompt`` (text) or ``messages`` (chat)."""
+    path = Path(path)
+    records: list[PromptRecord] = []
+    seen: set[str] = set()
+    for where, obj in jsonl_objects(path, "prompts", "'id' and 'prompt' or 'messages'"):
         if "id" not in obj:
             raise StudylibError(f"{where} has no 'id' field; give each prompt a unique id.")
         rid = str(obj["id"])

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from studylib.errors import StudylibError
+from studylib.prompts import jsonl_objects
 from studylib.serving.request import Request
 
 
@@ -51,20 +51,9 @@ def arrival_times(n: int, rate: float, burstiness: float = 1.0, seed: int = 0) -
 def read_workload(path: str | Path) -> list[WorkloadItem]:
     """Parse a workload JSONL file (see the module docstring); StudylibError names the bad line."""
     path = Path(path)
-    if not path.is_file():
-        raise StudylibError(f"workload file {path} does not exist.")
     items: list[WorkloadItem] = []
     seen: set[str] = set()
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise StudylibError(f"{where} is not valid JSON ({exc.msg}); each line must be one JSON object.") from None
-        if not isinstance(obj, dict):
-            raise StudylibError(f"{where} must be a JSON object with id, prompt or messages, max_new_tokens.")
+    for where, obj in jsonl_objects(path, "workload", "id, prompt or messages, max_new_tokens"):
         unknown = sorted(set(obj) - {"id", "prompt", "messages", "max_new_tokens", "arrival_s"})
         if unknown:
             raise StudylibError(f"{where} has unknown field(s) {unknown}; allowed: id, prompt, messages, "
