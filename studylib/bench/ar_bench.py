@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from studylib.bench.provenance import provenance
 from studylib.bench.roofline import machine_probe, roofline_tokens_per_s
 from studylib.bench.stats import estimate, ratio_estimate
 from studylib.decoding import ar
+from studylib.progress import progress_bar
 from studylib.prompts import encode
 
 
@@ -62,7 +62,7 @@ def run_ar_bench(
 
     ours_tps, hf_tps, ours_decode_tps, same, contexts = [], [], [], [], []
     jobs = [(i, r) for r in range(repeats) for i in range(len(prompts))]
-    for i, r in tqdm(jobs, desc=f"ar bench {dtype}", disable=not progress):
+    for i, r in progress_bar(jobs, desc=f"ar bench {dtype}", progress=progress):
         ids = prompts[i]
         runs = [("ours", None), ("hf", None)] if r % 2 == 0 else [("hf", None), ("ours", None)]
         for name, _ in runs:

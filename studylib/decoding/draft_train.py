@@ -116,10 +116,9 @@ class _Deadline:
 
 def _make_data(cfg: DraftTrainConfig, target, tok, work: Path, deadline: _Deadline) -> tuple[list, bool]:
     """Generate (or resume generating) the distillation set; returns (sequences, complete)."""
-    from tqdm.auto import tqdm
-
     from studylib.decoding.common import eos_set
     from studylib.decoding.draft_data import chat_prompts, generate_batch, self_prompts
+    from studylib.progress import progress_bar
     from studylib.sampling import SamplingParams
 
     path, key = work / "data.pt", cfg.key(*DATA_FIELDS)
@@ -133,7 +132,7 @@ def _make_data(cfg: DraftTrainConfig, target, tok, work: Path, deadline: _Deadli
     # Task i: prompt i % P, answered greedily in round 0 and by sampling in rounds 1..samples.
     tasks = [(r, i) for r in range(cfg.samples + 1) for i in range(len(prompts))]
     eos = eos_set(target, tok)
-    with tqdm(total=len(tasks), initial=state["done"], desc="draft data (target writes)", leave=False) as bar:
+    with progress_bar(total=len(tasks), initial=state["done"], desc="draft data (target writes)", leave=False) as bar:
         while state["done"] < len(tasks) and not deadline.passed:
             chunk = tasks[state["done"] : state["done"] + cfg.gen_batch]
             rnd = chunk[0][0]
@@ -295,9 +294,8 @@ def train_draft(cfg: DraftTrainConfig, loaded: tuple | None = None) -> dict:
     """Generate data, train (resuming a checkpoint when the config matches) and export; returns the meta.
 
     ``loaded``: the target as ``(model, tokenizer)`` when the caller already has it in float32."""
-    from tqdm.auto import tqdm
-
     from studylib.models import load_model
+    from studylib.progress import progress_bar
 
     t_start = time.monotonic()
     deadline = _Deadline(cfg.max_minutes)
@@ -327,7 +325,7 @@ def train_draft(cfg: DraftTrainConfig, loaded: tuple | None = None) -> dict:
         torch.save({"key": key, "keep": keep, "init_info": init_info, "model": draft.state_dict(),
                     "optim": opt.state_dict(), "step": step, "history": history}, ckpt_path)
 
-    with tqdm(total=cfg.steps, initial=step, desc="draft distillation", leave=False) as bar:
+    with progress_bar(total=cfg.steps, initial=step, desc="draft distillation", leave=False) as bar:
         while step < cfg.steps and not deadline.passed:
             g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)  # batch = f(seed, step): resumable
             pick = torch.randint(0, len(train), (cfg.batch_size,), generator=g).tolist()

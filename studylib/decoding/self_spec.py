@@ -127,10 +127,9 @@ def choose_skip_layers(
     predicted speedup at each depth, so the chapter can plot the trade-off. beam: at each depth only the
     ``beam`` remaining layers with the best single-layer scores are tried (None: all of them).
     """
-    from tqdm.auto import tqdm
-
     from studylib.decoding.drafts import layer_cost
     from studylib.decoding.speculative import predicted_speedup
+    from studylib.progress import progress_bar
 
     n = model.config.num_layers
     budget = n // 2 if budget is None else budget
@@ -147,7 +146,7 @@ def choose_skip_layers(
     calib = _calibration_set(model, prompts, new_tokens)
     steps = [{"skipped": [], "alpha": score_skip(model, calib, [])}]
     width = n if beam is None else min(beam, n)
-    with tqdm(total=n + (budget - 1) * width, desc="self-spec layer search", leave=False) as bar:
+    with progress_bar(total=n + (budget - 1) * width, desc="self-spec layer search", leave=False) as bar:
         single = {}
         for layer in range(n):
             single[layer] = score_skip(model, calib, [layer])

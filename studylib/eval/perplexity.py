@@ -56,9 +56,9 @@ def perplexity(model, token_ids, chunk: int = 256, kv_factory: KVFactory | None 
     nll = torch.empty(T - 1, dtype=torch.float32)
     starts = range(0, T - 1, chunk)  # the last token is only a target, never an input
     if progress:
-        from tqdm.auto import tqdm
+        from studylib.progress import progress_bar
 
-        starts = tqdm(starts, desc="perplexity", unit="chunk")
+        starts = progress_bar(starts, desc="perplexity", unit="chunk")
     for s in starts:
         n = min(chunk, T - 1 - s)
         x = ids[s : s + n][None]  # (1, n)

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from studylib.bench.stats import ratio_estimate
 from studylib.experiments.ch02_speculative import Prompt, Runner
+from studylib.progress import progress_bar
 from studylib.sampling import SamplingParams, probs, sample_from
 
 # ------------------------------------------------------------------------------------------- HF peers
@@ -66,7 +66,7 @@ def hf_peers(runner: Runner, prompts: Sequence[Prompt], draft_path: str, gamma: 
     for s in ours:
         runner.decode(s, warm, 3, SamplingParams())
     rows = []
-    for p in tqdm(prompts, desc="ch02 HF peers", leave=False):
+    for p in progress_bar(prompts, desc="ch02 HF peers", leave=False):
         ref = None
         for s in ours:
             res = runner.decode(s, p.ids, max_new_tokens, SamplingParams())
@@ -163,7 +163,7 @@ def sampling_check(n: int = 2000, temperature: float = 1.0, top_k: int = 0, alph
     for name, verifier, expect_reject in (("exact (residual resampling)", None, False),
                                           ("wrong (resample from p)", _wrong_verifier, True)):
         counts = np.zeros(vocab * vocab)
-        for i in tqdm(range(n), desc=f"sampling check: {name}", leave=False):
+        for i in progress_bar(range(n), desc=f"sampling check: {name}", leave=False):
             res = speculate(target, prompt, 4, SamplingParams(temperature, top_k, seed=i), None,
                             lambda cache, cap: draft.session(target, cache, cap), 2, "speculative",
                             verifier=verifier)

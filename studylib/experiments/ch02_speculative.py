@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from studylib.bench.stats import estimate, ratio_estimate
 from studylib.decoding import ar, prompt_lookup, speculative
 from studylib.decoding.speculative import expected_tokens
 from studylib.models import LlamaModel
+from studylib.progress import progress_bar
 from studylib.sampling import SamplingParams
 
 CHAPTER = 2
@@ -141,7 +141,7 @@ def run_methods(runner: Runner, prompts: Sequence[Prompt], specs: Sequence[str],
         for s in specs:  # warm-up: first-call allocations and draft loading stay out of the timings
             runner.decode(s, prompts[0].ids[:16], 3, SamplingParams())
     rows = []
-    for p in tqdm(prompts, desc=f"ch02 T={temperature:g}", leave=False):
+    for p in progress_bar(prompts, desc=f"ch02 T={temperature:g}", leave=False):
         for r in range(repeats):
             ref = None
             for s in specs:

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from studylib.bench.stats import estimate, ratio_estimate
 from studylib.decoding import ar, jacobi, lookahead
 from studylib.models import DenseKVCache, LlamaModel
+from studylib.progress import progress_bar
 
 # Published numbers, printed beside ours. "speedup" is wall-clock over the authors' AR baseline.
 ANCHORS = [
@@ -141,7 +141,7 @@ def run_methods(model, tok, prompts: Sequence[Prompt], specs: Sequence[str], max
         for s in specs:
             decode(model, tok, s, prompts[0].ids[:32], 4)
     rows = []
-    for p in tqdm(prompts, desc="ch03 methods", leave=False):
+    for p in progress_bar(prompts, desc="ch03 methods", leave=False):
         for r in range(repeats):
             ref = None
             for s in specs:
@@ -246,7 +246,7 @@ def step_time_curve(model: LlamaModel, sizes: Sequence[int], context: int = 256,
     model(prefix, cache.begin(context), logits="none")
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     rows = []
-    for T in tqdm(sizes, desc="step time", leave=False):
+    for T in progress_bar(sizes, desc="step time", leave=False):
         x = torch.randint(3, c.vocab_size, (1, T), generator=gen).to(dev)
         mask = torch.ones(T, T, dtype=torch.bool).tril()  # a tree mask, as lookahead passes one
         times = []

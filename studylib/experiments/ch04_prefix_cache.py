@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from studylib.bench.stats import ratio_estimate
 from studylib.claims import judge_all, judge_at_least
@@ -22,6 +21,7 @@ from studylib.decoding import ar
 from studylib.decoding.common import eos_set
 from studylib.kvcache.prefix_generate import PrefixCachedDecoder
 from studylib.kvcache.replay import replay_hits, working_set_blocks
+from studylib.progress import progress_bar
 from studylib.workloads.prefix import PrefixWorkload, make_workload, optimal_hits
 
 CHAPTER = 4
@@ -75,7 +75,7 @@ def run_workload(model, tokenizer, workload: PrefixWorkload, *, block_size: int 
     done: dict[str, dict] = {c: {} for c in caches}
     rows = []
     reqs = workload.requests[:limit]
-    for i, req in enumerate(tqdm(reqs, desc=workload.name, leave=False)):
+    for i, req in enumerate(progress_bar(reqs, desc=workload.name, leave=False)):
         for c, dec in decoders.items():
             prompt = workload.prompt(req, done[c], eos)
             res = dec.generate(prompt, req.max_new_tokens)

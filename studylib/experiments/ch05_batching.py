@@ -13,10 +13,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from studylib.bench.stats import ratio_estimate
 from studylib.claims import Verdict, judge_all
+from studylib.progress import progress_bar
 from studylib.serving import Engine, EngineConfig
 from studylib.serving.check import ar_references, divergence
 from studylib.serving.workload import WorkloadItem, dataset_workload, to_requests
@@ -87,7 +87,7 @@ def rate_sweep(model, tokenizer, items: Sequence[WorkloadItem], rates: Iterable[
     rates = sorted(set(float(r) for r in rates))
     plan = [(s, p, r, k) for s, p in arms for r in rates for k in range(repeats_at_saturation if math.isinf(r) else 1)]
     rows, timelines, outputs = [], {}, {}
-    for sched, prefix, rate, k in tqdm(plan, desc="ch05 sweep", leave=False):
+    for sched, prefix, rate, k in progress_bar(plan, desc="ch05 sweep", leave=False):
         arm = arm_name(sched, prefix)
         reqs, run = serve(model, tokenizer, items, sched, prefix, rate, seed, engine)
         rows.append(_row(arm, sched, prefix, rate, k, run.summary(slo), run))

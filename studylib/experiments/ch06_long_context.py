@@ -61,17 +61,16 @@ def long_context_quality(model, tokenizer, n_tokens: int, specs: Sequence[str], 
                          progress: bool = True) -> dict:
     """Per pattern: per-token NLL of ``n_tokens`` of real text, then ``gen_tokens`` greedy tokens
     continuing it from the very cache the text built (so the continuation sees what the pattern kept)."""
-    from tqdm.auto import tqdm
-
     from studylib.data import long_text
     from studylib.eval.perplexity import perplexity
+    from studylib.progress import progress_bar
 
     if n_tokens + gen_tokens > model.config.max_position_embeddings:
         raise StudylibError(f"n_tokens + gen_tokens = {n_tokens + gen_tokens} exceeds the model's context of "
                             f"{model.config.max_position_embeddings}; lower n_tokens.")
     ids = long_text(tokenizer, n_tokens, seed=seed, source=source)
     runs = {}
-    for spec in tqdm(["dense", *[s for s in specs if s != "dense"]], desc="long-context quality", disable=not progress):
+    for spec in progress_bar(["dense", *[s for s in specs if s != "dense"]], desc="long-context quality", progress=progress):
         holder = {}
 
         def factory(cfg, max_len, device, dtype, spec=spec, holder=holder):
@@ -165,15 +164,14 @@ def needle_test(model, tokenizer, specs: Sequence[str], haystack_tokens: int, di
                 progress: bool = True) -> pd.DataFrame:
     """Hide "The secret code is NNNNN." ``distance`` tokens before the end of a real-text haystack, ask
     for it, and check the greedy answer. A bounded cache can only answer when the needle is in its window."""
-    from tqdm.auto import tqdm
-
     from studylib.data import long_text
     from studylib.decoding import ar
+    from studylib.progress import progress_bar
 
     question = list(tokenizer("\n\nQuestion: what is the secret code?\nAnswer: The secret code is")["input_ids"])
     jobs = [(s, dist, spec) for s in seeds for dist in distances for spec in ["dense", *specs]]
     rows = []
-    for seed, dist, spec in tqdm(jobs, desc="needle in a haystack", disable=not progress):
+    for seed, dist, spec in progress_bar(jobs, desc="needle in a haystack", progress=progress):
         hay = long_text(tokenizer, haystack_tokens, seed=1000 + seed, source=source)
         code = str(random.Random(seed).randint(10000, 99999))
         needle = list(tokenizer(f" The secret code is {code}. ")["input_ids"])

@@ -96,13 +96,13 @@ def cost_curve(lengths: Sequence[int], patterns: Sequence[str], backends: Sequen
     dense pattern runs on SDPA's causal path (its best dense kernel); ``masked`` runs each sparse
     pattern as a dense boolean mask (exact, still quadratic); ``torch`` gathers only the reachable keys.
     """
-    from tqdm.auto import tqdm
+    from studylib.progress import progress_bar
 
     dev, dt = torch.device(device), getattr(torch, dtype)
     jobs = [(T, spec, be) for T in lengths for spec in patterns for be in backends
             if not (be == "masked" and (Pattern.parse(spec).kind == "dense" or T > max_masked))]
     rows = []
-    for T, spec, be in tqdm(jobs, desc="attention cost", disable=not progress):
+    for T, spec, be in progress_bar(jobs, desc="attention cost", progress=progress):
         p = Pattern.parse(spec)
         g = torch.Generator().manual_seed(seed + T)
         q = torch.randn(1, heads, T, head_dim, generator=g).to(dev, dt)

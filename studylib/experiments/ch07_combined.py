@@ -18,7 +18,6 @@ anchors and figures in ``ch07_report``.
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -36,14 +35,6 @@ BASELINE = "ar"
 PREFIX, WINDOW = "prefix cache", "window attention"
 DECODERS = ("prompt-lookup", "speculative", "lookahead")  # the lossless decoders a stack may use
 WORKLOADS = ("chat", "system_prompt", "multi_turn", "xsum", "humaneval")
-
-
-def progress_default(progress: bool | None) -> bool:
-    """Progress bars unless the caller said no or the environment did (the workbook runner sets
-    STUDYLIB_PROGRESS=0 and TQDM_DISABLE=1 so bars stay out of rendered cells)."""
-    if progress is not None:
-        return progress
-    return os.environ.get("STUDYLIB_PROGRESS", "1") != "0" and os.environ.get("TQDM_DISABLE", "") in ("", "0")
 
 
 # ------------------------------------------------------------------------------------------ workloads
@@ -205,7 +196,7 @@ def run_arms(model, tokenizer, workloads: Mapping[str, NamedWorkload],
     requests (that is the point) and a fresh one per workload; closed-loop turns are built from each
     arm's own earlier outputs. e2e_s is the caller-visible time of the whole call. ``arms`` may map a
     workload name to the arms to run on it (workloads it does not name are skipped)."""
-    from tqdm.auto import tqdm
+    from studylib.progress import progress_bar
 
     per = dict(arms) if isinstance(arms, Mapping) else {name: list(arms) for name in workloads}
     per = {name: list(a) for name, a in per.items() if name in workloads and a}
@@ -217,7 +208,7 @@ def run_arms(model, tokenizer, workloads: Mapping[str, NamedWorkload],
             decode_arm(model, tokenizer, arm, first, 2, make_store(model, block_size, 512))
     rows = []
     total = sum(len(workloads[n].requests) * len(a) for n, a in per.items())
-    with tqdm(total=total, desc="ch07 latency", leave=False, disable=not progress_default(progress)) as bar:
+    with progress_bar(total=total, desc="ch07 latency", leave=False, progress=progress) as bar:
         for name, todo in per.items():
             wl = workloads[name]
             stores = {a.name: make_store(model, block_size, capacity_tokens) for a in todo if a.prefix_cache}

@@ -29,7 +29,7 @@ import torch
 from studylib.bench.stats import estimate, ratio_estimate
 from studylib.decoding.common import Stopwatch
 from studylib.experiments.ch05_interplay import reports_folder
-from studylib.experiments.ch07_combined import BASELINE, PREFIX, agreement, paired, progress_default
+from studylib.experiments.ch07_combined import BASELINE, PREFIX, agreement, paired
 
 AR_POLICY = "ar (one at a time)"
 POLICIES: dict[str, dict] = {
@@ -86,14 +86,14 @@ def throughput(model, tokenizer, prompts: Sequence[tuple[str, list[int]]], max_n
                progress: bool | None = None) -> pd.DataFrame:
     """One row per (repeat, policy): output tokens per second with all requests at t = 0, and how many
     outputs equal the AR baseline's. Policies run in a rotating order per repeat."""
-    from tqdm.auto import tqdm
+    from studylib.progress import progress_bar
 
     engine_opts = {"kv_budget_mib": kv_budget_mib, "max_batch_tokens": max_batch_tokens,
                    "max_running": max_running, "block_size": block_size}
     ref = None
     rows = []
     todo = [(r, p) for r in range(repeats) for p in policies[r % len(policies):] + policies[: r % len(policies)]]
-    for r, pol in tqdm(todo, desc="ch07 throughput", leave=False, disable=not progress_default(progress)):
+    for r, pol in progress_bar(todo, desc="ch07 throughput", leave=False, progress=progress):
         if pol == AR_POLICY:
             out = _ar_run(model, tokenizer, prompts, max_new_tokens)
         else:
@@ -211,15 +211,14 @@ def sparse_vs_context(model, spec: str, contexts: Sequence[int], steps: int = 4,
                       progress: bool | None = None) -> pd.DataFrame:
     """Per context length L: decode-step time with a dense cache and with ``spec``'s cache after a real
     prefill of L random tokens; steps alternate between the two so noise falls on both alike."""
-    from tqdm.auto import tqdm
-
     from studylib.attention import make_cache
     from studylib.models import DenseKVCache
+    from studylib.progress import progress_bar
 
     cfg, dev = model.config, model.device
     gen = torch.Generator().manual_seed(seed)
     rows = []
-    for L in tqdm(contexts, desc="ch07 sparse vs context", leave=False, disable=not progress_default(progress)):
+    for L in progress_bar(contexts, desc="ch07 sparse vs context", leave=False, progress=progress):
         ids = torch.randint(3, cfg.vocab_size, (1, L), generator=gen).to(dev)  # (1, L)
         caches = {"dense": DenseKVCache(cfg, 1, L + steps + 1, dev, model.dtype),
                   "sparse": make_cache(spec, cfg, L + steps + 1, dev, model.dtype)}

@@ -201,12 +201,12 @@ class Engine:
     # ---- a whole benchmark ----------------------------------------------------------------------
     def run(self, requests: Sequence[Request], *, progress: bool = False) -> ServingRun:
         """Serve ``requests``, each entering the queue at its ``arrival_s`` (wall clock from now)."""
-        from tqdm import tqdm
+        from studylib.progress import progress_bar
 
         pending = deque(sorted(requests, key=lambda r: r.arrival_s))
         self.t0 = time.perf_counter()
         self.timeline, self.steps = [], 0
-        bar = tqdm(total=len(pending), disable=not progress, desc=f"serve[{self.config.scheduler}]", leave=False)
+        bar = progress_bar(total=len(pending), progress=progress, desc=f"serve[{self.config.scheduler}]", leave=False)
         while pending or self.has_work():
             now = self.now()
             while pending and pending[0].arrival_s <= now:

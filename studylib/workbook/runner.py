@@ -256,8 +256,7 @@ def reproduce(profile: str = "cpu", chapters: Sequence[int] | None = None, out_d
               notebooks_dir: str | Path | None = None, params_dir: str | Path | None = None,
               progress: bool = True, cell_timeout: float | None = None) -> list[ChapterRun]:
     """Run the chosen chapters of ``profile`` and (re)write ``<out_dir>/index.html``."""
-    from tqdm.auto import tqdm
-
+    from studylib.progress import progress_bar
     from studylib.workbook import paths
     from studylib.workbook.render import write_index
 
@@ -292,7 +291,7 @@ def reproduce(profile: str = "cpu", chapters: Sequence[int] | None = None, out_d
     kernel = kernel_for_this_python()
     params_file = p_dir / f"{profile}.yaml"
     runs: list[ChapterRun] = []
-    bar = tqdm(wanted, desc=f"reproduce {profile}", unit="chapter", disable=not progress)
+    bar = progress_bar(wanted, desc=f"reproduce {profile}", unit="chapter", progress=progress)
     for c in bar:
         nb = available[c]
         params = chapter_parameters(cfg, c, declared[c], overrides, profile)
@@ -306,7 +305,7 @@ def reproduce(profile: str = "cpu", chapters: Sequence[int] | None = None, out_d
             records[str(c)] = run.to_dict()
         runs.append(run)
         bar.set_postfix_str(f"ch{c:02d} {run.status} in {run.seconds:.0f} s")
-        tqdm.write(f"ch{c:02d} {nb.stem}: {run.status} ({run.seconds:.1f} s)"
+        bar.write(f"ch{c:02d} {nb.stem}: {run.status} ({run.seconds:.1f} s)"
                    + (f"\n  error: {run.error}" if run.error else ""), file=sys.stderr)
         # Rewrite the index after every chapter, so an interrupted run still leaves a correct index.
         index = {"profile": profile, "updated": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
