@@ -297,3 +297,42 @@ def test_adaptive_gamma_prefers_short_drafts_when_verification_is_costly():
     assert costly.next() < cheap.next()
     with pytest.raises(StudylibError, match="verify_cost"):
         AdaptiveGamma(cost_ratio=0.1, gamma_max=8, verify_cost=[1.0, 1.2])
+
+
+def test_train_draft_keeps_time_for_training(tiny, tmp_path, monkeypatch):
+    """Data generation gets at most data_share of the cap; a run that trains no step raises."""
+    import time
+
+    from studylib.decoding import draft_train
+    from studylib.decoding.draft_train import DraftTrainConfig, train_draft
+
+    monkeypatch.setenv("STUDYLIB_CACHE", str(tmp_path))
+    model, tok = tiny
+    real_make_data = draft_train._make_data
+    seen = {}
+
+    def spy(cfg, target, tok_, work, deadline):
+        seen["data_minutes"] = (deadline.end - time.monotonic()) / 60
+        return real_make_data(cfg, target, tok_, work, deadline)
+
+    monkeypatch.setattr(draft_train, "_make_data", spy)
+    cfg = DraftTrainConfig(model="tiny-random", layers=1, sources=("self",), self_prompts=2, samples=0,
+                           gen_tokens=4, steps=2, head_vocab=0, max_minutes=10, data_share=0.3)
+    assert train_draft(cfg, (model, tok))["steps_done"] == 2
+    assert 2.9 < seen["data_minutes"] <= 3.0
+    with pytest.raises(StudylibError, match="data_share"):
+        DraftTrainConfig(data_share=1.0)
+
+    class Expired:  # the cap has passed by the time training would start
+        def __init__(self, minutes):
+            self.end = time.monotonic() + minutes * 60
+
+        @property
+        def passed(self):
+            return self.end - time.monotonic() > 3 * 60  # only the 10-minute training deadline "passes"
+
+    monkeypatch.setattr(draft_train, "_Deadline", Expired)
+    cfg = DraftTrainConfig(model="tiny-random", layers=1, sources=("self",), self_prompts=2, samples=0,
+                           gen_tokens=4, steps=2, head_vocab=0, max_minutes=10, data_share=0.3, fresh=True)
+    with pytest.raises(StudylibError, match="before any training step"):
+        train_draft(cfg, (model, tok))

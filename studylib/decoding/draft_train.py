@@ -14,7 +14,9 @@ No smaller SmolLM2 exists, so we make one. The recipe, chosen for a 2-core CPU a
   tqdm bar, a checkpoint in ``cache_dir("drafts", "<target>-distilled-work")`` (``<out>-work`` with
   ``--out``) every ``--save-every``
   steps, a hard wall-time cap (``--max-minutes``, data generation included) after which the current
-  weights are exported and a rerun resumes. The export is an HF-format directory (config.json,
+  weights are exported and a rerun resumes. Data generation may use at most ``--data-share`` of the
+  cap, so training always gets the rest: a cap spent entirely on writing data would export the
+  untrained layer slice (acceptance ~0), and a run that trained no step raises instead of exporting. The export is an HF-format directory (config.json,
   model.safetensors, tokenizer files, draft_meta.json, draft_vocab.json) in
   ``cache_dir("drafts", "<target>-distilled")``, which ``--draft distilled`` and ``load_model(path)`` read.
 - ``draft_vocab.json``: the ``--head-vocab`` tokens the target emits most often. The draft's LM head
@@ -31,6 +33,7 @@ import math
 import os
 import shutil
 import time
+import zlib
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -69,6 +72,8 @@ class DraftTrainConfig:
     lr: float = 5e-4
     warmup: int = 20
     max_minutes: float = 25.0
+    data_share: float = 0.5  # at most this share of max_minutes goes to generating data
+    freeze_embeddings: bool = True  # keep the target's (tied) embedding/head: 2/3 of the draft's weights
     seed: int = 0
     head_vocab: int = 8192
     gen_batch: int = 8
@@ -83,7 +88,7 @@ class DraftTrainConfig:
             "layers >= 1": self.layers >= 1, "steps >= 1": self.steps >= 1, "batch_size >= 1": self.batch_size >= 1,
             "lr > 0": self.lr > 0, "max_minutes > 0": self.max_minutes > 0, "gen_tokens >= 1": self.gen_tokens >= 1,
             "store_top_k >= 1": self.store_top_k >= 1, "samples >= 0": self.samples >= 0,
-            "head_vocab >= 0": self.head_vocab >= 0,
+            "head_vocab >= 0": self.head_vocab >= 0, "0 < data_share < 1": 0 < self.data_share < 1,
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
@@ -99,7 +104,7 @@ class DraftTrainConfig:
 
 
 DATA_FIELDS = ("model", "sources", "self_prompts", "samples", "gen_tokens", "temperature", "store_top_k", "seed")
-TRAIN_FIELDS = (*DATA_FIELDS, "layers", "init", "steps", "batch_size", "lr", "warmup")
+TRAIN_FIELDS = (*DATA_FIELDS, "layers", "init", "steps", "batch_size", "lr", "warmup", "freeze_embeddings")
 
 
 class _Deadline:
@@ -299,22 +304,30 @@ def train_draft(cfg: DraftTrainConfig, loaded: tuple | None = None) -> dict:
 
     t_start = time.monotonic()
     deadline = _Deadline(cfg.max_minutes)
+    data_deadline = _Deadline(cfg.max_minutes * cfg.data_share)
     torch.manual_seed(cfg.seed)
     target, tok = loaded if loaded is not None else load_model(cfg.model, cfg.device, "float32")
     work = Path(cfg.out).with_name(Path(cfg.out).name + "-work") if cfg.out else work_dir(target.config.name)
     work.mkdir(parents=True, exist_ok=True)
-    seqs, data_complete = _make_data(cfg, target, tok, work, deadline)
+    seqs, data_complete = _make_data(cfg, target, tok, work, data_deadline)
     if not seqs:
         raise StudylibError("train-draft: the time cap passed before any data was generated; raise --max-minutes.")
-    val = seqs[::20]
-    train = [s for i, s in enumerate(seqs) if i % 20] or seqs
+    # Held out by prompt, not by sequence: sampled answers to one prompt share most of their text, so a
+    # per-sequence split would score the draft on answers it has nearly seen.
+    held = [zlib.crc32(s.ids[: s.prompt_len].numpy().tobytes()) % 10 == 0 for s in seqs]
+    val = [s for s, h in zip(seqs, held, strict=True) if h] or seqs[::20]
+    train = [s for s, h in zip(seqs, held, strict=True) if not h] or seqs
     ckpt_path, key = work / "ckpt.pt", cfg.key(*TRAIN_FIELDS)
     ckpt = torch.load(ckpt_path, weights_only=False) if ckpt_path.exists() and not cfg.fresh else None
     if ckpt is not None and ckpt.get("key") != key:
         ckpt = None
     keep, init_info = (ckpt["keep"], ckpt["init_info"]) if ckpt else _choose_init_layers(cfg, target, seqs)
     draft = _build_draft(cfg, target, keep)
-    opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, weight_decay=0.0)
+    if cfg.freeze_embeddings:
+        # The embedding (and the LM head tied to it) already maps into the target's output space;
+        # freezing it leaves AdamW a third of the parameters and keeps short runs from overfitting it.
+        draft.get_input_embeddings().weight.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
     step, history = 0, []
     if ckpt:
         draft.load_state_dict(ckpt["model"])
@@ -334,7 +347,7 @@ def train_draft(cfg: DraftTrainConfig, loaded: tuple | None = None) -> dict:
             loss, top1 = _loss(draft, _batch([train[i] for i in pick], cfg.device))
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_([p for p in draft.parameters() if p.requires_grad], 1.0)
             opt.step()
             step += 1
             history.append({"step": step, "loss": loss.item(), "top1": top1})
@@ -343,6 +356,9 @@ def train_draft(cfg: DraftTrainConfig, loaded: tuple | None = None) -> dict:
             if step % cfg.save_every == 0:
                 save()
     save()
+    if step == 0:
+        raise StudylibError(f"train-draft: the {cfg.max_minutes:g}-minute cap passed before any training step, so there "
+                            "is no draft to export; raise --max-minutes (a rerun resumes from the cached data).")
     draft.eval()
     with torch.no_grad():
         vals = [_loss(draft, _batch(val[i : i + cfg.batch_size], cfg.device)) for i in range(0, len(val), cfg.batch_size)]
@@ -356,7 +372,8 @@ def train_draft(cfg: DraftTrainConfig, loaded: tuple | None = None) -> dict:
         "val_loss": sum(float(v[0]) for v in vals) / max(len(vals), 1),
         "val_top1": sum(v[1] for v in vals) / max(len(vals), 1),
         "history": history[-200:], "minutes_this_run": (time.monotonic() - t_start) / 60,
-        "heldout_rule": "chat ids numbered 1, 4, 7, ... (draft_data.is_heldout) are never trained on", "config": asdict(cfg),
+        "heldout_rule": "chat ids numbered 1, 4, 7, ... (draft_data.is_heldout) are never trained on; val_* are "
+                        "scored on the training prompts whose crc32 % 10 == 0, held out with all their answers", "config": asdict(cfg),
     }
     head = _head_vocab(seqs, cfg.head_vocab, c.eos_token_ids) if cfg.head_vocab else []
     meta["head_vocab"] = len(head)
@@ -381,6 +398,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--head-vocab", type=int, default=d.head_vocab, help="rows of the fast draft head (0: none)")
     p.add_argument("--save-every", type=int, default=d.save_every)
+    p.add_argument("--data-share", type=float, default=d.data_share,
+                   help="the largest share of --max-minutes spent generating data (the rest trains)")
+    p.add_argument("--train-embeddings", action="store_true", help="train the embedding/LM head too (frozen by default)")
     p.add_argument("--device", default=d.device)
     p.add_argument("--fresh", action="store_true", help="ignore cached data and checkpoint")
     p.add_argument("--out", default=None, help="export directory (default: the cache, found by --draft distilled)")
@@ -392,7 +412,7 @@ def run(args: argparse.Namespace) -> int:
         self_prompts=args.self_prompts, samples=args.samples, gen_tokens=args.gen_tokens,
         temperature=args.temperature, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
         max_minutes=args.max_minutes, seed=args.seed, head_vocab=args.head_vocab, save_every=args.save_every,
-        device=args.device, fresh=args.fresh, out=args.out,
+        data_share=args.data_share, freeze_embeddings=not args.train_embeddings, device=args.device, fresh=args.fresh, out=args.out,
     )
     meta = train_draft(cfg)
     state = "complete" if meta["complete"] else "stopped at the time cap; rerun the same command to resume"

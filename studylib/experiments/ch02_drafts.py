@@ -15,12 +15,13 @@ from studylib.sampling import SamplingParams
 
 
 def ensure_draft(model_name: str, steps: int, max_minutes: float, smoke: bool = False, loaded=None,
-                 device: str = "cpu") -> dict:
+                 device: str = "cpu", **config) -> dict:
     """Reuse the cached distilled draft when it has at least ``steps`` steps, else train one now.
 
     The smoke profile trains into a separate directory, so a tiny smoke draft never replaces the
     real one. ``loaded``: the target as (model, tokenizer) if already in memory (float32 only).
-    Returns the draft's metadata (see ``draft_train``)."""
+    ``config``: further ``DraftTrainConfig`` fields for a draft trained now (a lighter data set for a
+    short budget, say). Returns the draft's metadata (see ``draft_train``)."""
     from studylib.decoding.draft_train import DraftTrainConfig, distilled_dir, draft_meta, train_draft
 
     if loaded is not None and (loaded[0].dtype != torch.float32 or loaded[0].device.type != torch.device(device).type):
@@ -36,8 +37,8 @@ def ensure_draft(model_name: str, steps: int, max_minutes: float, smoke: bool = 
     meta = draft_meta(model_name)
     if meta is not None and meta["steps_done"] >= steps:
         return {**meta, "trained_now": False}
-    return {**train_draft(DraftTrainConfig(model=model_name, steps=steps, max_minutes=max_minutes, device=device),
-                           loaded),
+    return {**train_draft(DraftTrainConfig(model=model_name, steps=steps, max_minutes=max_minutes, device=device,
+                                           **config), loaded),
             "trained_now": True}
 
 
