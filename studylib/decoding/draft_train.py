@@ -16,9 +16,9 @@ No smaller SmolLM2 exists, so we make one. The recipe, chosen for a 2-core CPU a
   steps, a hard wall-time cap (``--max-minutes``, data generation included) after which the current
   weights are exported and a rerun resumes. Data generation may use at most ``--data-share`` of the
   cap, so training always gets the rest: a cap spent entirely on writing data would export the
-  untrained layer slice (acceptance ~0), and a run that trained no step raises instead of exporting. The export is an HF-format directory (config.json,
-  model.safetensors, tokenizer files, draft_meta.json, draft_vocab.json) in
-  ``cache_dir("drafts", "<target>-distilled")``, which ``--draft distilled`` and ``load_model(path)`` read.
+  untrained layer slice (acceptance ~0), and a run that trained no step raises instead of exporting.
+  The export is an HF-format directory (config.json, model.safetensors, tokenizer files,
+  draft_meta.json, draft_vocab.json) in ``cache_dir("drafts", "<target>-distilled")``, which ``--draft distilled`` and ``load_model(path)`` read.
 - ``draft_vocab.json``: the ``--head-vocab`` tokens the target emits most often. The draft's LM head
   is the largest part of its cost; ``--draft distilled`` projects onto these rows only (proposals
   outside them are simply never made, which stays exact), ``distilled:full`` uses the whole head.
@@ -327,7 +327,8 @@ def train_draft(cfg: DraftTrainConfig, loaded: tuple | None = None) -> dict:
         # The embedding (and the LM head tied to it) already maps into the target's output space;
         # freezing it leaves AdamW a third of the parameters and keeps short runs from overfitting it.
         draft.get_input_embeddings().weight.requires_grad_(False)
-    opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
+    trainable = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=0.0)
     step, history = 0, []
     if ckpt:
         draft.load_state_dict(ckpt["model"])
@@ -347,7 +348,7 @@ def train_draft(cfg: DraftTrainConfig, loaded: tuple | None = None) -> dict:
             loss, top1 = _loss(draft, _batch([train[i] for i in pick], cfg.device))
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_([p for p in draft.parameters() if p.requires_grad], 1.0)
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
             opt.step()
             step += 1
             history.append({"step": step, "loss": loss.item(), "top1": top1})

@@ -306,7 +306,7 @@ def reproduce(profile: str = "cpu", chapters: Sequence[int] | None = None, out_d
         runs.append(run)
         bar.set_postfix_str(f"ch{c:02d} {run.status} in {run.seconds:.0f} s")
         bar.write(f"ch{c:02d} {nb.stem}: {run.status} ({run.seconds:.1f} s)"
-                   + (f"\n  error: {run.error}" if run.error else ""), file=sys.stderr)
+                  + (f"\n  error: {run.error}" if run.error else ""), file=sys.stderr)
         # Rewrite the index after every chapter, so an interrupted run still leaves a correct index.
         index = {"profile": profile, "updated": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                  "chapters": records}
