@@ -30,6 +30,16 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _cpu_linear_backend() -> str:
+    """Which kernel ran fp32 decode linears on CPU ("stream" or "torch"): it moves CPU speed ~1.5x."""
+    try:
+        from studylib.models.cpu_linear import backend
+
+        return backend()
+    except Exception as err:  # provenance must never fail a report
+        return f"unknown ({err})"
+
+
 def provenance(**params: object) -> dict:
     import torch
 
@@ -51,5 +61,6 @@ def provenance(**params: object) -> dict:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "gpu": gpu,
+        "cpu_linear": _cpu_linear_backend(),
         "params": params,
     }

@@ -24,6 +24,7 @@ import torch
 
 from studylib.errors import StudylibError
 from studylib.models import DenseKVCache, LlamaModel
+from studylib.models.cpu_linear import linear
 from studylib.sampling import SamplingParams, probs, sample_from
 
 
@@ -111,7 +112,7 @@ class _ModelSession(DraftSession):
         rows, weight = self.head
         h = self.model(ids, self.cache.begin(n), logits="none", hidden_layers=(-1,)).hidden[-1][0, -1]  # (hidden,)
         full = torch.full((self.model.config.vocab_size,), float("-inf"), device=h.device)
-        return full.index_copy_(0, rows, (weight @ h).float())  # (V,), -inf outside the subset
+        return full.index_copy_(0, rows, linear(h, weight).float())  # (V,), -inf outside the subset
 
     def propose(self, seq, gamma, sampling, gen):
         dev = self.model.device

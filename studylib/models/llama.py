@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from studylib.models.config import ModelConfig
+from studylib.models.cpu_linear import linear
 from studylib.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 
@@ -63,16 +64,16 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: AttentionKV) -> torch.Tensor:
         B, T, _ = x.shape
         if self.qkv_weight is not None:
-            q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split(
+            q, k, v = linear(x, self.qkv_weight, self.qkv_bias).split(
                 [self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q, k, v = (linear(x, p.weight, p.bias) for p in (self.q_proj, self.k_proj, self.v_proj))
         q = q.view(B, T, self.h, self.d).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, self.hkv, self.d).transpose(1, 2)  # (B, Hkv, T, D)
         v = v.view(B, T, self.hkv, self.d).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = kv.attend(self.layer, q, k, v)  # (B, H, T, D)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.h * self.d))
+        return linear(out.transpose(1, 2).reshape(B, T, self.h * self.d), self.o_proj.weight)
 
 
 class MLP(nn.Module):
@@ -88,9 +89,10 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_weight is not None:
-            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            gate, up = linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        else:
+            gate, up = linear(x, self.gate_proj.weight), linear(x, self.up_proj.weight)
+        return linear(F.silu(gate) * up, self.down_proj.weight)
 
 
 def _fuse_linears(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -208,4 +210,4 @@ class LlamaModel(nn.Module):
             x = x[:, -1:]
         elif logits == "none":
             return ForwardOutput(logits=x.new_empty(0), hidden=hidden)
-        return ForwardOutput(logits=self.lm_head(x).float(), hidden=hidden)
+        return ForwardOutput(logits=linear(x, self.lm_head.weight).float(), hidden=hidden)

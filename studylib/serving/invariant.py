@@ -7,7 +7,8 @@ another). Greedy argmax then flips wherever two logits are nearly tied, so a bat
 single-request decoder can disagree (Thinking Machines, "Defeating nondeterminism in LLM inference").
 
 ``batch_invariant()`` is a ``TorchFunctionMode`` that re-routes the two shape-sensitive reductions:
-- ``F.linear`` runs one row at a time (always the M = 1 kernel);
+- ``F.linear`` runs one row at a time (always the M = 1 kernel; the runtime's streaming kernel for
+  up to 32 rows is row-invariant already and never reaches ``F.linear``);
 - ``F.scaled_dot_product_attention`` runs one query at a time over exactly the keys it may see,
   gathered contiguously, with no mask.
 Everything else in the model is elementwise or a per-row reduction that does not depend on the batch
@@ -22,11 +23,14 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from studylib.models.cpu_linear import linear
+
 
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` computed row by row: (..., in) -> (..., out)."""
+    """The runtime's linear computed row by row: (..., in) -> (..., out). One row at a time takes the
+    same kernel as a single-token decode step (the streaming kernel, or MKL's GEMV without it)."""
     flat = x.reshape(-1, x.shape[-1])  # (M, in)
-    rows = [F.linear(flat[i : i + 1], weight, bias) for i in range(flat.shape[0])]
+    rows = [linear(flat[i : i + 1], weight, bias) for i in range(flat.shape[0])]
     out = torch.cat(rows) if rows else flat.new_empty(0, weight.shape[0])
     return out.reshape(*x.shape[:-1], weight.shape[0])
 

@@ -88,7 +88,8 @@ def provenance_rows(prov: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows = [("measured", str(prov.get("date"))), ("git commit", str(prov.get("git_commit"))[:19]),
             ("hardware", f"{prov.get('cpu')} ({prov.get('cpu_count')} cores, torch threads "
                          f"{prov.get('torch_threads')})" + (f"; GPU {prov['gpu']}" if prov.get("gpu") else "")),
-            ("software", f"Python {prov.get('python')}; {libs}")]
+            ("software", f"Python {prov.get('python')}; {libs}"
+                         + (f"; CPU fp32 linear: {prov['cpu_linear']}" if prov.get("cpu_linear") else ""))]
     params = prov.get("params") or {}
     if params:
         rows.append(("parameters", ", ".join(f"{k}={val}" for k, val in params.items())))
