@@ -52,8 +52,8 @@ def test_linear_hands_other_cases_to_f_linear():
     w = torch.randn(16, 32)
     big = torch.randn(STREAM_MAX_ROWS + 1, 32)  # prefill-sized: MKL's GEMM, bit for bit
     assert torch.equal(linear(big, w), F.linear(big, w))
-    xb, wb = torch.randn(3, 32).bfloat16(), w.bfloat16()
-    assert torch.equal(linear(xb, wb), F.linear(xb, wb))
+    xh, wh = torch.randn(3, 32).half(), w.half()  # no fp16 kernel: oneDNN's
+    assert torch.equal(linear(xh, wh), F.linear(xh, wh))
     # Training (autograd) never goes through the kernel, so gradients flow.
     wg = w.clone().requires_grad_()
     linear(torch.randn(2, 32), wg).sum().backward()
@@ -77,3 +77,19 @@ def test_forced_stream_without_compiler_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_linear, "_state", {})
     with pytest.raises(StudylibError, match="C compiler"):
         backend()
+
+
+@needs_stream
+@pytest.mark.parametrize("M,K,N", [(1, 576, 1536), (5, 37, 11), (9, 130, 67)])
+def test_bf16_weights_accumulate_in_fp32(M, K, N):
+    """bf16 in, bf16 out: the fp32 dot product of the bf16 values, rounded once."""
+    g = torch.Generator().manual_seed(K)
+    x, w, b = (torch.randn(*s, generator=g).bfloat16() for s in ((M, K), (N, K), (N,)))
+    got = stream_linear(x, w, b)
+    assert got.dtype == torch.bfloat16
+    exact = F.linear(x.double(), w.double(), b.double())
+    # one bf16 rounding of an almost exact value: within one bf16 ulp (2^-8 relative) plus fp32 noise
+    assert ((got.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-3 * K**0.5).all()
+    alone = torch.cat([stream_linear(x[i : i + 1], w, b) for i in range(M)])
+    assert torch.equal(got, alone)
+    assert torch.equal(linear(x, w, b), got)

@@ -80,6 +80,10 @@ def run_ar_bench(
     probe = probe or machine_probe(device)
     mean_ctx = int(sum(contexts) / len(contexts))
     peak = probe.get(f"matmul_gflops_{dtype}")
+    if dtype == "bfloat16" and device == "cpu":
+        # The runtime widens bf16 weights to fp32 in registers (studylib.models.cpu_linear), so the
+        # compute ceiling is the faster of the two rates, not the emulated bf16 GEMM's.
+        peak = max(peak or 0.0, probe.get("matmul_gflops_float32") or 0.0) or None
     limit = roofline_tokens_per_s(model.config, mean_ctx, dtype, probe["bandwidth_gbs"], peak)
     result = {
         "model": model.config.name,

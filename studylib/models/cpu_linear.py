@@ -1,4 +1,4 @@
-"""The decode-time linear layer on CPU: a weight-streaming fp32 kernel for few rows, MKL otherwise.
+"""The decode-time linear layer on CPU: a weight-streaming kernel for few rows, MKL/oneDNN otherwise.
 
 On CPU a decode step is bound by reading the weights. MKL's M = 1 GEMV streams them, but from two
 rows on its GEMM packs (copies) each weight matrix before multiplying, so verifying 5 tokens costs
@@ -8,7 +8,9 @@ for 1 row (MKL: 37 ms) and 25 ms for 5 rows (MKL: 62 ms). Past ~32 rows (prefill
 ``linear`` hands those to ``F.linear``.
 
 The kernel is row-invariant: a row's result has the same bits whatever else is in the batch (see the
-C source), so a token verified in a block of 5 equals the token decoded alone.
+C source), so a token verified in a block of 5 equals the token decoded alone. It takes fp32 or bf16
+weights; bf16 weights are widened to fp32 in registers and accumulated in fp32, so bf16 reads half the
+bytes (this CPU has no bf16 FMA, and oneDNN's bf16 GEMM is slower than fp32 from 2 rows on).
 
 ``STUDYLIB_CPU_LINEAR`` picks the backend: ``auto`` (default: the kernel when a C compiler and AVX2/FMA
 are present, else MKL), ``stream`` (the kernel or a clear error) or ``torch`` (always ``F.linear``).
@@ -87,10 +89,11 @@ def _load():
             if not _cpu_has_avx2_fma():
                 raise StudylibError("this CPU lacks AVX2/FMA")
             lib = ctypes.CDLL(str(_build()))
-            fn = lib.stream_linear_f32
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                           ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-            fn.restype = None
+            fn = {torch.float32: lib.stream_linear_f32, torch.bfloat16: lib.stream_linear_bf16}
+            for f in fn.values():
+                f.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_void_p,
+                              ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+                f.restype = None
         except (StudylibError, OSError) as err:
             if m == "stream":
                 raise StudylibError(
@@ -103,37 +106,40 @@ def _load():
 
 
 def backend() -> str:
-    """``stream`` or ``torch``: what fp32 linears with few rows use on this machine right now."""
+    """``stream`` or ``torch``: what fp32/bf16 linears with few rows use on this machine right now."""
     return "stream" if _load() is not None else "torch"
 
 
 def stream_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The kernel itself, for any row count: (..., K) x (N, K) -> (..., N), fp32 on CPU."""
-    fn = _load()
-    if fn is None:
+    """The kernel itself, for any row count: (..., K) x (N, K) -> (..., N) in x's dtype, on CPU.
+
+    fp32 or bf16 weights; x is taken to fp32 (exact from bf16) and the fp32 result is rounded back to
+    x's dtype once, as a bf16 GEMM with an fp32 accumulator does."""
+    fns = _load()
+    if fns is None:
         raise StudylibError(f"the streaming CPU linear is off (STUDYLIB_CPU_LINEAR={mode()}, {_state.get('why', '')})")
     K, N = weight.shape[1], weight.shape[0]
-    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu" or x.shape[-1] != K:
-        raise ValueError(f"stream_linear takes fp32 CPU tensors with matching K, got {x.dtype} {tuple(x.shape)} "
-                         f"x {weight.dtype} {tuple(weight.shape)}")
-    flat = x.reshape(-1, K)
+    if weight.dtype not in fns or x.dtype != weight.dtype or x.device.type != "cpu" or x.shape[-1] != K:
+        raise ValueError(f"stream_linear takes fp32 or bf16 CPU tensors of one dtype with matching K, got "
+                         f"{x.dtype} {tuple(x.shape)} x {weight.dtype} {tuple(weight.shape)}")
+    flat = x.reshape(-1, K).float()
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
     w = weight.contiguous()
-    b = None if bias is None else bias.contiguous()
+    b = None if bias is None else bias.float().contiguous()
     y = torch.empty(flat.shape[0], N, dtype=torch.float32)
     if flat.shape[0]:
-        fn(flat.data_ptr(), flat.stride(0), w.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(),
-           flat.shape[0], K, N, torch.get_num_threads())
-    return y.reshape(*x.shape[:-1], N)
+        fns[weight.dtype](flat.data_ptr(), flat.stride(0), w.data_ptr(), None if b is None else b.data_ptr(),
+                          y.data_ptr(), flat.shape[0], K, N, torch.get_num_threads())
+    return y.reshape(*x.shape[:-1], N).to(x.dtype)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear``, except that fp32 CPU inference with at most ``STREAM_MAX_ROWS`` rows streams."""
+    """``F.linear``, except that fp32/bf16 CPU inference with at most ``STREAM_MAX_ROWS`` rows streams."""
     if (
         x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
+        and x.dtype in (torch.float32, torch.bfloat16)
+        and weight.dtype == x.dtype
         and x.numel() <= STREAM_MAX_ROWS * x.shape[-1]
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
         and _load() is not None

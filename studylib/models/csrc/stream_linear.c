@@ -1,4 +1,4 @@
-/* y = x @ w.T (+ bias) for fp32 with few rows of x: the decode-time matmul.
+/* y = x @ w.T (+ bias) with few rows of x, fp32 or bf16 weights: the decode-time matmul.
  *
  * Why this exists: at batch 1 a decoder step reads every weight once and does two FLOPs per weight,
  * so it is bound by memory bandwidth. MKL's GEMV path streams the weights, but as soon as x has two
@@ -11,11 +11,16 @@
  * share a weight load). So a token computed in a batch of 5 is bit-identical to the same token
  * computed alone, which keeps speculative verification and batched serving exactly lossless.
  *
+ * bf16 weights are widened to fp32 and accumulated in fp32 (x and y are fp32): half the bytes read,
+ * the same arithmetic as an fp32 weight holding the bf16 value.
+ *
  * Threads: OpenMP over blocks of output columns (weight rows), each thread streaming a contiguous
  * part of w.
  */
 #include <immintrin.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 #define ROWS_PER_TILE 4
 #define COLS_PER_TASK 64
@@ -32,54 +37,83 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* Dot products of one weight row with R (1..4) rows of x. Each row's arithmetic is identical for
- * every R: two 8-lane accumulators over 16-wide steps, one 8-wide step, then a scalar tail. */
-static inline void dot_rows(const float *x, ptrdiff_t ldx, const float *wr, int K, int R, float *out) {
-    __m256 a0[ROWS_PER_TILE], a1[ROWS_PER_TILE];
-    for (int r = 0; r < ROWS_PER_TILE; r++) { a0[r] = _mm256_setzero_ps(); a1[r] = _mm256_setzero_ps(); }
-    int k = 0;
-    for (; k + 16 <= K; k += 16) {
-        __m256 w0 = _mm256_loadu_ps(wr + k), w1 = _mm256_loadu_ps(wr + k + 8);
-        for (int r = 0; r < R; r++) {
-            a0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * ldx + k), w0, a0[r]);
-            a1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * ldx + k + 8), w1, a1[r]);
-        }
-    }
-    if (k + 8 <= K) {
-        __m256 w0 = _mm256_loadu_ps(wr + k);
-        for (int r = 0; r < R; r++) a0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * ldx + k), w0, a0[r]);
-        k += 8;
-    }
-    for (int r = 0; r < R; r++) {
-        float s = hsum8(_mm256_add_ps(a0[r], a1[r]));
-        for (int kk = k; kk < K; kk++) s += x[r * ldx + kk] * wr[kk];
-        out[r] = s;
-    }
+/* Weight loads: 8 fp32, or 8 bf16 widened exactly to fp32 (bf16 is the top half of an fp32). */
+static inline __m256 load8_f32(const float *p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8_bf16(const uint16_t *p) {
+    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+static inline float scalar_f32(const float *p) { return *p; }
+static inline float scalar_bf16(const uint16_t *p) {
+    uint32_t bits = (uint32_t)*p << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
 }
 
-/* x: (M, K) with row stride ldx; w: (N, K) contiguous; bias: (N) or NULL; y: (M, N) contiguous. */
-void stream_linear_f32(const float *x, ptrdiff_t ldx, const float *w, const float *bias, float *y,
-                       int M, int K, int N, int nthreads) {
-    int tasks = (N + COLS_PER_TASK - 1) / COLS_PER_TASK;
-    #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int t = 0; t < tasks; t++) {
-        int n_end = (t + 1) * COLS_PER_TASK < N ? (t + 1) * COLS_PER_TASK : N;
-        for (int n = t * COLS_PER_TASK; n < n_end; n++) {
-            const float *wr = w + (ptrdiff_t)n * K;
-            float b = bias ? bias[n] : 0.0f;
-            for (int m0 = 0; m0 < M; m0 += ROWS_PER_TILE) {
-                int R = M - m0 < ROWS_PER_TILE ? M - m0 : ROWS_PER_TILE;
-                float out[ROWS_PER_TILE];
-                const float *xt = x + (ptrdiff_t)m0 * ldx;
-                /* constant R per call, so each case keeps its accumulators in registers */
-                switch (R) {
-                    case 4: dot_rows(xt, ldx, wr, K, 4, out); break;
-                    case 3: dot_rows(xt, ldx, wr, K, 3, out); break;
-                    case 2: dot_rows(xt, ldx, wr, K, 2, out); break;
-                    default: dot_rows(xt, ldx, wr, K, 1, out); break;
-                }
-                for (int r = 0; r < R; r++) y[(ptrdiff_t)(m0 + r) * N + n] = out[r] + b;
-            }
-        }
-    }
+/* Dot products of NW (1 or 2) weight rows with R (1..4) rows of x: up to 8 independent accumulators,
+ * and each x load feeds NW FMAs. Every output's arithmetic is the same for every NW and R: one 8-lane
+ * accumulator over 8-wide steps, a fixed-order horizontal sum, then a scalar tail. */
+#define DEFINE_STREAM_LINEAR(NAME, WT, LOAD8, SCALAR)                                                   \
+static inline void NAME##_dot(const float *x, ptrdiff_t ldx, const WT *w0, const WT *w1, int K, int NW, \
+                              int R, float *out /* [NW][ROWS_PER_TILE] */) {                            \
+    __m256 acc[2][ROWS_PER_TILE];                                                                       \
+    for (int j = 0; j < 2; j++)                                                                         \
+        for (int r = 0; r < ROWS_PER_TILE; r++) acc[j][r] = _mm256_setzero_ps();                        \
+    int k = 0;                                                                                          \
+    for (; k + 8 <= K; k += 8) {                                                                        \
+        __m256 wa = LOAD8(w0 + k);                                                                      \
+        __m256 wb = NW == 2 ? LOAD8(w1 + k) : wa;                                                       \
+        for (int r = 0; r < R; r++) {                                                                   \
+            __m256 xv = _mm256_loadu_ps(x + r * ldx + k);                                               \
+            acc[0][r] = _mm256_fmadd_ps(xv, wa, acc[0][r]);                                             \
+            if (NW == 2) acc[1][r] = _mm256_fmadd_ps(xv, wb, acc[1][r]);                                \
+        }                                                                                               \
+    }                                                                                                   \
+    for (int j = 0; j < NW; j++) {                                                                      \
+        const WT *wr = j ? w1 : w0;                                                                     \
+        for (int r = 0; r < R; r++) {                                                                   \
+            float s = hsum8(acc[j][r]);                                                                 \
+            for (int kk = k; kk < K; kk++) s += x[r * ldx + kk] * SCALAR(wr + kk);                      \
+            out[j * ROWS_PER_TILE + r] = s;                                                             \
+        }                                                                                               \
+    }                                                                                                   \
+}                                                                                                       \
+                                                                                                        \
+/* x: (M, K) fp32 with row stride ldx; w: (N, K) contiguous; bias: (N) fp32 or NULL; y: (M, N) fp32. */ \
+void NAME(const float *x, ptrdiff_t ldx, const WT *w, const float *bias, float *y,                      \
+          int M, int K, int N, int nthreads) {                                                          \
+    int tasks = (N + COLS_PER_TASK - 1) / COLS_PER_TASK;                                                \
+    _Pragma("omp parallel for num_threads(nthreads) schedule(static)")                                  \
+    for (int t = 0; t < tasks; t++) {                                                                   \
+        int n_end = (t + 1) * COLS_PER_TASK < N ? (t + 1) * COLS_PER_TASK : N;                          \
+        for (int n = t * COLS_PER_TASK; n < n_end; n += 2) {                                            \
+            int NW = n + 1 < n_end ? 2 : 1;                                                             \
+            const WT *w0 = w + (ptrdiff_t)n * K, *w1 = w0 + (NW == 2 ? K : 0);                          \
+            for (int m0 = 0; m0 < M; m0 += ROWS_PER_TILE) {                                             \
+                int R = M - m0 < ROWS_PER_TILE ? M - m0 : ROWS_PER_TILE;                                \
+                float out[2 * ROWS_PER_TILE];                                                           \
+                const float *xt = x + (ptrdiff_t)m0 * ldx;                                              \
+                /* constant NW and R per call, so each case keeps its accumulators in registers */      \
+                switch (NW * 8 + R) {                                                                   \
+                    case 20: NAME##_dot(xt, ldx, w0, w1, K, 2, 4, out); break;                          \
+                    case 19: NAME##_dot(xt, ldx, w0, w1, K, 2, 3, out); break;                          \
+                    case 18: NAME##_dot(xt, ldx, w0, w1, K, 2, 2, out); break;                          \
+                    case 17: NAME##_dot(xt, ldx, w0, w1, K, 2, 1, out); break;                          \
+                    case 12: NAME##_dot(xt, ldx, w0, w1, K, 1, 4, out); break;                          \
+                    case 11: NAME##_dot(xt, ldx, w0, w1, K, 1, 3, out); break;                          \
+                    case 10: NAME##_dot(xt, ldx, w0, w1, K, 1, 2, out); break;                          \
+                    default: NAME##_dot(xt, ldx, w0, w1, K, 1, 1, out); break;                          \
+                }                                                                                       \
+                for (int j = 0; j < NW; j++) {                                                          \
+                    float b = bias ? bias[n + j] : 0.0f;                                                \
+                    for (int r = 0; r < R; r++)                                                         \
+                        y[(ptrdiff_t)(m0 + r) * N + n + j] = out[j * ROWS_PER_TILE + r] + b;            \
+                }                                                                                       \
+            }                                                                                           \
+        }                                                                                               \
+    }                                                                                                   \
 }
+
+DEFINE_STREAM_LINEAR(stream_linear_f32, float, load8_f32, scalar_f32)
+DEFINE_STREAM_LINEAR(stream_linear_bf16, uint16_t, load8_bf16, scalar_bf16)
