@@ -323,3 +323,17 @@ def test_judge_c6_reads_the_measurements():
     cost_v, qual_v, overall = ch06.judge_c6(fits, summary, needle, "synthetic")
     assert cost_v.verdict == "holds" and qual_v.verdict == "holds"
     assert overall.verdict == "holds under conditions" and "recall beyond the window" in overall.conditions
+
+    # Linear cost alone is half the claim: with no pattern inside 1% the combined row does not hold.
+    worse = summary.assign(ppl_ratio=[1.0, 1.05], ppl_ratio_low=[1.0, 1.03], ppl_ratio_high=[1.0, 1.07])
+    _, qual_v, overall = ch06.judge_c6(fits, worse, needle, "synthetic")
+    assert qual_v.verdict == "does not hold" and overall.verdict == "does not hold"
+
+
+def test_pair_ratio_is_the_work_bound():
+    from studylib.experiments import ch06_sparse_attention as ch06
+
+    # Dense causal over 8192 tokens: 8192*8193/2 pairs; window 512: 512*513/2 + (8192-512)*512.
+    expected = (8192 * 8193 / 2) / (512 * 513 / 2 + (8192 - 512) * 512)
+    assert ch06.pair_ratio("window:512", 8192) == pytest.approx(expected)
+    assert ch06.pair_ratio("dense", 1000) == 1.0

@@ -7,6 +7,7 @@ sentence under each figure from the numbers, so the prose stays true whatever th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -17,8 +18,9 @@ import pandas as pd
 import torch
 
 from studylib.attention import Pattern, attention, make_cache
+from studylib.attention.patterns import Dense
 from studylib.bench.stats import estimate, ratio_estimate
-from studylib.claims import Verdict, judge_all, judge_at_most
+from studylib.claims import CONDITIONAL, FAILS, Verdict, judge_all, judge_at_most
 from studylib.experiments.ch06_long_context import (  # noqa: F401  (re-exported for the notebook)
     budget_specs,
     explain_frontier,
@@ -179,7 +181,14 @@ def speedup_at(cost: pd.DataFrame, seq_len: int, pattern: str, backend: str = "t
         return {"pattern": pattern, "seq_len": seq_len, "value": float("nan"), "ci_low": float("nan"),
                 "ci_high": float("nan")}
     est = ratio_estimate(d, s)
-    return {"pattern": pattern, "seq_len": seq_len, "value": est.value, "ci_low": est.ci_low, "ci_high": est.ci_high}
+    return {"pattern": pattern, "seq_len": seq_len, "value": est.value, "ci_low": est.ci_low, "ci_high": est.ci_high,
+            "pair_ratio": pair_ratio(pattern, seq_len)}
+
+
+def pair_ratio(pattern: str, seq_len: int) -> float:
+    """Dense causal (query, key) pairs over the pattern's: the speed-up a sparse kernel reaches only if
+    it computes each kept pair as fast as the dense kernel does and wastes none (the work bound)."""
+    return Dense().visible_pairs(seq_len) / Pattern.parse(pattern).visible_pairs(seq_len)
 
 
 def plot_cost(cost: pd.DataFrame):
@@ -243,13 +252,18 @@ def explain_cost(fits: pd.DataFrame, cross: pd.DataFrame, speed: dict) -> str:
          "the quadratic work, skipping it does). ")
     if np.isfinite(speed.get("value", float("nan"))):
         s += (f"At {speed['seq_len']} tokens {speed['pattern']} runs in {1 / speed['value']:.2f}x dense attention's "
-              f"time: a speed-up of {speed['value']:.2f}x (95% CI {speed['ci_low']:.2f}-{speed['ci_high']:.2f}).")
+              f"time: a speed-up of {speed['value']:.2f}x (95% CI {speed['ci_low']:.2f}-{speed['ci_high']:.2f}). "
+              f"It keeps 1/{speed['pair_ratio']:.1f} of dense's (query, key) pairs, so {speed['pair_ratio']:.1f}x is "
+              "the bound at equal per-pair speed; the gathered kernel falls short of it because each chunk of "
+              "queries reads its whole band (W + chunk - 1 keys, some masked) and short SDPA calls run a little "
+              "less efficiently than one long fused causal call.")
     return s
 
 
 def aim_table(speed: dict, summary: pd.DataFrame, patterns: Sequence[str], n_tokens: int) -> pd.DataFrame:
     """The issue's CPU aim: at 8k tokens window-512 >= 8x faster than dense, perplexity within 1%."""
-    rows = [{"aim": f"{speed['pattern']} >= 8x faster than dense attention at {speed['seq_len']} tokens",
+    rows = [{"aim": f"{speed['pattern']} >= 8x faster than dense attention at {speed['seq_len']} tokens "
+                    f"(work bound {speed['pair_ratio']:.2f}x)",
              "measured": speed["value"], "met": bool(speed["value"] >= 8)}]
     for pat in patterns:
         q = summary[summary.pattern == pat]
@@ -309,6 +323,11 @@ def judge_c6(fits: pd.DataFrame, quality: pd.DataFrame, needle: pd.DataFrame, co
     overall = judge_all("C6", "fraction of cost and quality checks passed", checks,
                         "quadratic cost removed and >99% quality kept", conditions, 6,
                         measured=sum(checks.values()) / len(checks))
+    # The claim is a conjunction: linear cost AND >99% quality. If either half fails everywhere, passing
+    # the other half is not "holds under conditions".
+    core = ("window/sinks cost grows ~linearly (exponent <= 1.2)", "some sparse pattern keeps ppl within 1%")
+    if overall.verdict == CONDITIONAL and not all(checks[k] for k in core):
+        overall = dataclasses.replace(overall, verdict=FAILS)
     return [cost, qual, overall]
 
 
