@@ -14,8 +14,8 @@
  * bf16 weights are widened to fp32 and accumulated in fp32 (x and y are fp32): half the bytes read,
  * the same arithmetic as an fp32 weight holding the bf16 value.
  *
- * Threads: OpenMP over blocks of output columns (weight rows), each thread streaming a contiguous
- * part of w.
+ * Threads: OpenMP, one contiguous and equal share of the output columns (weight rows) per thread,
+ * so each thread streams its own part of w and neither waits on the other at the barrier.
  */
 #include <immintrin.h>
 #include <stddef.h>
@@ -23,7 +23,6 @@
 #include <string.h>
 
 #define ROWS_PER_TILE 4
-#define COLS_PER_TASK 64
 
 /* Horizontal sum in a fixed order. */
 static inline float hsum8(__m256 v) {
@@ -51,27 +50,28 @@ static inline float scalar_bf16(const uint16_t *p) {
     return f;
 }
 
-/* Dot products of NW (1 or 2) weight rows with R (1..4) rows of x: up to 8 independent accumulators,
+/* Dot products of NW (1..8) weight rows with R (1..4) rows of x: NW * R <= 8 independent accumulators,
+ * so a single decode row still keeps eight FMA chains in flight (one chain would wait on FMA latency),
  * and each x load feeds NW FMAs. Every output's arithmetic is the same for every NW and R: one 8-lane
  * accumulator over 8-wide steps, a fixed-order horizontal sum, then a scalar tail. */
+#define MAX_NW 8
 #define DEFINE_STREAM_LINEAR(NAME, WT, LOAD8, SCALAR)                                                   \
-static inline void NAME##_dot(const float *x, ptrdiff_t ldx, const WT *w0, const WT *w1, int K, int NW, \
-                              int R, float *out /* [NW][ROWS_PER_TILE] */) {                            \
-    __m256 acc[2][ROWS_PER_TILE];                                                                       \
-    for (int j = 0; j < 2; j++)                                                                         \
-        for (int r = 0; r < ROWS_PER_TILE; r++) acc[j][r] = _mm256_setzero_ps();                        \
+static inline __attribute__((always_inline)) void NAME##_dot(                                           \
+        const float *x, ptrdiff_t ldx, const WT *w, int K, int NW, int R, float *out /* [NW][R] */) {   \
+    __m256 acc[MAX_NW][ROWS_PER_TILE];                                                                  \
+    for (int j = 0; j < NW; j++)                                                                        \
+        for (int r = 0; r < R; r++) acc[j][r] = _mm256_setzero_ps();                                    \
     int k = 0;                                                                                          \
     for (; k + 8 <= K; k += 8) {                                                                        \
-        __m256 wa = LOAD8(w0 + k);                                                                      \
-        __m256 wb = NW == 2 ? LOAD8(w1 + k) : wa;                                                       \
-        for (int r = 0; r < R; r++) {                                                                   \
-            __m256 xv = _mm256_loadu_ps(x + r * ldx + k);                                               \
-            acc[0][r] = _mm256_fmadd_ps(xv, wa, acc[0][r]);                                             \
-            if (NW == 2) acc[1][r] = _mm256_fmadd_ps(xv, wb, acc[1][r]);                                \
+        __m256 xv[ROWS_PER_TILE];                                                                       \
+        for (int r = 0; r < R; r++) xv[r] = _mm256_loadu_ps(x + r * ldx + k);                          \
+        for (int j = 0; j < NW; j++) {                                                                  \
+            __m256 wv = LOAD8(w + (ptrdiff_t)j * K + k);                                                \
+            for (int r = 0; r < R; r++) acc[j][r] = _mm256_fmadd_ps(xv[r], wv, acc[j][r]);              \
         }                                                                                               \
     }                                                                                                   \
     for (int j = 0; j < NW; j++) {                                                                      \
-        const WT *wr = j ? w1 : w0;                                                                     \
+        const WT *wr = w + (ptrdiff_t)j * K;                                                            \
         for (int r = 0; r < R; r++) {                                                                   \
             float s = hsum8(acc[j][r]);                                                                 \
             for (int kk = k; kk < K; kk++) s += x[r * ldx + kk] * SCALAR(wr + kk);                      \
@@ -80,35 +80,54 @@ static inline void NAME##_dot(const float *x, ptrdiff_t ldx, const WT *w0, const
     }                                                                                                   \
 }                                                                                                       \
                                                                                                         \
+/* One case per (NW, R), each with constant trip counts so its accumulators stay in registers. */      \
+static void NAME##_tile(const float *x, ptrdiff_t ldx, const WT *w, int K, int NW, int R, float *out) { \
+    switch (NW * 8 + R) {                                                                               \
+        case 8 * 8 + 1: NAME##_dot(x, ldx, w, K, 8, 1, out); break;                                     \
+        case 7 * 8 + 1: NAME##_dot(x, ldx, w, K, 7, 1, out); break;                                     \
+        case 6 * 8 + 1: NAME##_dot(x, ldx, w, K, 6, 1, out); break;                                     \
+        case 5 * 8 + 1: NAME##_dot(x, ldx, w, K, 5, 1, out); break;                                     \
+        case 4 * 8 + 1: NAME##_dot(x, ldx, w, K, 4, 1, out); break;                                     \
+        case 3 * 8 + 1: NAME##_dot(x, ldx, w, K, 3, 1, out); break;                                     \
+        case 2 * 8 + 1: NAME##_dot(x, ldx, w, K, 2, 1, out); break;                                     \
+        case 4 * 8 + 2: NAME##_dot(x, ldx, w, K, 4, 2, out); break;                                     \
+        case 3 * 8 + 2: NAME##_dot(x, ldx, w, K, 3, 2, out); break;                                     \
+        case 2 * 8 + 2: NAME##_dot(x, ldx, w, K, 2, 2, out); break;                                     \
+        case 1 * 8 + 2: NAME##_dot(x, ldx, w, K, 1, 2, out); break;                                     \
+        case 2 * 8 + 3: NAME##_dot(x, ldx, w, K, 2, 3, out); break;                                     \
+        case 1 * 8 + 3: NAME##_dot(x, ldx, w, K, 1, 3, out); break;                                     \
+        case 2 * 8 + 4: NAME##_dot(x, ldx, w, K, 2, 4, out); break;                                     \
+        case 1 * 8 + 4: NAME##_dot(x, ldx, w, K, 1, 4, out); break;                                     \
+        default: NAME##_dot(x, ldx, w, K, 1, 1, out); break;                                            \
+    }                                                                                                   \
+}                                                                                                       \
+                                                                                                        \
 /* x: (M, K) fp32 with row stride ldx; w: (N, K) contiguous; bias: (N) fp32 or NULL; y: (M, N) fp32. */ \
 void NAME(const float *x, ptrdiff_t ldx, const WT *w, const float *bias, float *y,                      \
           int M, int K, int N, int nthreads) {                                                          \
-    int tasks = (N + COLS_PER_TASK - 1) / COLS_PER_TASK;                                                \
-    _Pragma("omp parallel for num_threads(nthreads) schedule(static)")                                  \
+    /* One contiguous, equal share of the weight rows per thread (a multiple of 8 rows). */             \
+    int per = (N + nthreads - 1) / nthreads;                                                            \
+    per = (per + 7) / 8 * 8;                                                                            \
+    int tasks = (N + per - 1) / per;                                                                    \
+    _Pragma("omp parallel for num_threads(nthreads) schedule(static, 1)")                               \
     for (int t = 0; t < tasks; t++) {                                                                   \
-        int n_end = (t + 1) * COLS_PER_TASK < N ? (t + 1) * COLS_PER_TASK : N;                          \
-        for (int n = t * COLS_PER_TASK; n < n_end; n += 2) {                                            \
-            int NW = n + 1 < n_end ? 2 : 1;                                                             \
-            const WT *w0 = w + (ptrdiff_t)n * K, *w1 = w0 + (NW == 2 ? K : 0);                          \
+        int n_end = (t + 1) * per < N ? (t + 1) * per : N;                                              \
+        /* Blocks of 8 weight rows stay in L1/L2 while every tile of x rows passes over them. */        \
+        for (int nb = t * per; nb < n_end; nb += MAX_NW) {                                              \
+            int nb_end = nb + MAX_NW < n_end ? nb + MAX_NW : n_end;                                     \
             for (int m0 = 0; m0 < M; m0 += ROWS_PER_TILE) {                                             \
                 int R = M - m0 < ROWS_PER_TILE ? M - m0 : ROWS_PER_TILE;                                \
-                float out[2 * ROWS_PER_TILE];                                                           \
+                int want = R == 1 ? 8 : R == 2 ? 4 : 2;                                                 \
                 const float *xt = x + (ptrdiff_t)m0 * ldx;                                              \
-                /* constant NW and R per call, so each case keeps its accumulators in registers */      \
-                switch (NW * 8 + R) {                                                                   \
-                    case 20: NAME##_dot(xt, ldx, w0, w1, K, 2, 4, out); break;                          \
-                    case 19: NAME##_dot(xt, ldx, w0, w1, K, 2, 3, out); break;                          \
-                    case 18: NAME##_dot(xt, ldx, w0, w1, K, 2, 2, out); break;                          \
-                    case 17: NAME##_dot(xt, ldx, w0, w1, K, 2, 1, out); break;                          \
-                    case 12: NAME##_dot(xt, ldx, w0, w1, K, 1, 4, out); break;                          \
-                    case 11: NAME##_dot(xt, ldx, w0, w1, K, 1, 3, out); break;                          \
-                    case 10: NAME##_dot(xt, ldx, w0, w1, K, 1, 2, out); break;                          \
-                    default: NAME##_dot(xt, ldx, w0, w1, K, 1, 1, out); break;                          \
-                }                                                                                       \
-                for (int j = 0; j < NW; j++) {                                                          \
-                    float b = bias ? bias[n + j] : 0.0f;                                                \
-                    for (int r = 0; r < R; r++)                                                         \
-                        y[(ptrdiff_t)(m0 + r) * N + n + j] = out[j * ROWS_PER_TILE + r] + b;            \
+                for (int n = nb; n < nb_end; n += want) {                                               \
+                    int NW = nb_end - n < want ? nb_end - n : want;                                     \
+                    float out[MAX_NW * ROWS_PER_TILE];                                                  \
+                    NAME##_tile(xt, ldx, w + (ptrdiff_t)n * K, K, NW, R, out);                          \
+                    for (int j = 0; j < NW; j++) {                                                      \
+                        float b = bias ? bias[n + j] : 0.0f;                                            \
+                        for (int r = 0; r < R; r++)                                                     \
+                            y[(ptrdiff_t)(m0 + r) * N + n + j] = out[j * ROWS_PER_TILE + r] + b;        \
+                    }                                                                                   \
                 }                                                                                       \
             }                                                                                           \
         }                                                                                               \
