@@ -286,6 +286,8 @@ def _synthetic_cost():
 
 
 def test_exponents_and_crossover_from_synthetic_timings():
+    import pandas as pd
+
     from studylib.experiments import ch06_sparse_attention as ch06
 
     cost = _synthetic_cost()
@@ -295,6 +297,10 @@ def test_exponents_and_crossover_from_synthetic_timings():
     cross = ch06.crossover(cost).set_index("pattern")
     assert 64 < cross.loc["window:8", "crossover_len"] < 128  # 1e-6 T^2 = 1e-4 T at T = 100
     assert ch06.speedup_at(cost, 256, "window:8")["value"] == pytest.approx(256 / 100, rel=1e-6)
+    # A length the sweep did not time: no speed-up, but the work bound and the aim table still stand.
+    unmeasured = ch06.speedup_at(cost, 8192, "window:8")
+    assert np.isnan(unmeasured["value"]) and unmeasured["pair_ratio"] == ch06.pair_ratio("window:8", 8192)
+    assert not ch06.aim_table(unmeasured, pd.DataFrame(columns=["pattern", "ppl_ratio"]), [], 8192)["met"].any()
 
 
 def test_budget_specs_hit_their_budgets():

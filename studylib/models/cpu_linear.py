@@ -81,12 +81,14 @@ def _build() -> Path:
 
 
 def _load():
-    raw = os.environ.get("STUDYLIB_CPU_LINEAR")
-    if raw in _state:  # the per-call fast path: one dict lookup keyed by the raw setting
-        return _state[raw]
+    # The per-call fast path: one dict lookup keyed by the raw setting (a tuple, so no setting can
+    # collide with the mode names or "why").
+    setting = ("env", os.environ.get("STUDYLIB_CPU_LINEAR"))
+    if setting in _state:
+        return _state[setting]
     m = mode()
     if m in _state:
-        _state[raw] = _state[m]
+        _state[setting] = _state[m]
         return _state[m]
     fn = None
     if m != "torch":
@@ -106,7 +108,7 @@ def _load():
                     "compiler (gcc) on an AVX2 machine, or set STUDYLIB_CPU_LINEAR=auto or torch.") from None
             _log.warning("streaming CPU linear unavailable (%s); using F.linear (MKL)", err)
             _state["why"] = str(err)
-    _state[m] = _state[raw] = fn
+    _state[m] = _state[setting] = fn
     return fn
 
 

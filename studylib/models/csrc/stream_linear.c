@@ -57,13 +57,13 @@ static inline float scalar_bf16(const uint16_t *p) {
 #define MAX_NW 8
 #define DEFINE_STREAM_LINEAR(NAME, WT, LOAD8, SCALAR)                                                   \
 static inline __attribute__((always_inline)) void NAME##_dot(                                           \
-        const float *x, ptrdiff_t ldx, const WT *w, int K, int NW, int R, float *out /* [NW][R] */) {   \
-    __m256 acc[MAX_NW][ROWS_PER_TILE];                                                                  \
+        const float *x, ptrdiff_t ldx, const WT *w, int K, int NW, int R, float *out /* [NW][4] */) {   \
+    __m256 acc[MAX_NW][2];                                                                              \
     for (int j = 0; j < NW; j++)                                                                        \
         for (int r = 0; r < R; r++) acc[j][r] = _mm256_setzero_ps();                                    \
     int k = 0;                                                                                          \
     for (; k + 8 <= K; k += 8) {                                                                        \
-        __m256 xv[ROWS_PER_TILE];                                                                       \
+        __m256 xv[2];                                                                                   \
         for (int r = 0; r < R; r++) xv[r] = _mm256_loadu_ps(x + r * ldx + k);                          \
         for (int j = 0; j < NW; j++) {                                                                  \
             __m256 wv = LOAD8(w + (ptrdiff_t)j * K + k);                                                \
@@ -108,8 +108,8 @@ static inline __attribute__((always_inline)) void NAME##_dot_narrow(            
     }                                                                                                   \
 }                                                                                                       \
                                                                                                         \
-/* x with 1-2 rows: one case per (NW, R), with constant trip counts so the accumulators stay in  \
- * registers. */      \
+/* x with 1-2 rows: one case per (NW, R), with constant trip counts so the accumulators stay in      \
+ * registers. */                                                                                        \
 static void NAME##_tile(const float *x, ptrdiff_t ldx, const WT *w, int K, int NW, int R, float *out) { \
     switch (NW * 8 + R) {                                                                               \
         case 8 * 8 + 1: NAME##_dot(x, ldx, w, K, 8, 1, out); break;                                     \
@@ -157,7 +157,7 @@ void NAME(const float *x, ptrdiff_t ldx, const WT *w, const float *bias, float *
             int nb_end = nb + block < n_end ? nb + block : n_end;                                       \
             for (int m0 = 0; m0 < M; m0 += ROWS_PER_TILE) {                                             \
                 int R = M - m0 < ROWS_PER_TILE ? M - m0 : ROWS_PER_TILE;                                \
-                int want = block == 2 || R > 2 ? 2 : R == 2 ? 4 : 8;                                    \
+                int want = block == 2 ? 2 : MAX_NW / R; /* wide path: R is 1 or 2 */                    \
                 const float *xt = x + (ptrdiff_t)m0 * ldx;                                              \
                 for (int n = nb; n < nb_end; n += want) {                                               \
                     int NW = nb_end - n < want ? nb_end - n : want;                                     \
