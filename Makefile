@@ -1,14 +1,15 @@
 # Each target does its own set-up: a .venv with the CPU build of torch installed first (pinned, so pip
-# never pulls a multi-GB CUDA build), then this package with its extras.
+# never pulls a multi-GB CUDA build), then this package with its extras, every package at the exact
+# version in constraints.txt.
 PY := .venv/bin/python
 PROFILE ?= cpu
 
 .PHONY: setup reproduce test test-all lab lint clean-reports
 
-.venv/.installed: pyproject.toml
+.venv/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv .venv
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,notebooks,gpu,eval]"
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0 -c constraints.txt
+	$(PY) -m pip install -q -e ".[test,notebooks,gpu,eval]" -c constraints.txt
 	$(PY) -m ipykernel install --sys-prefix --name studylib --display-name "studylib (.venv)" >/dev/null
 	touch $@
 

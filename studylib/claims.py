@@ -1,13 +1,31 @@
 """The study's claims (C1..C8), verdict records, and the rules that turn measurements into verdicts.
 
-A verdict is never typed by hand: each chapter passes its measurements to a rule (``judge_at_least``,
-``judge_at_most``, ``judge_all``) and the rule decides between "holds", "holds under conditions" and
-"does not hold". The ids, sections and wording follow ``shared/CLAIMS.md``; the Chinese quotes are
-taken verbatim from the source document.
+A verdict is never typed by hand: each chapter passes its measurements to a rule and the rule decides.
+
+The rules (every later chapter inherits them):
+
+- A bar (``judge_at_least`` / ``judge_at_most``) is judged per condition (workload, configuration) on
+  the 95% CI, never on the point estimate, and only from a CI over at least ``MIN_UNITS[unit]``
+  independent units (10 prompts/requests/documents, 5 whole-run repeats):
+  - **holds**: in every condition that was run, the CI clears the bar;
+  - **holds under conditions**: the CI clears it in at least one named condition; the row lists where
+    it does and where it does not;
+  - **inconclusive**: no condition's CI clears the bar, but some CI reaches it (or rests on too few
+    units to say);
+  - **does not hold**: every CI lies wholly on the wrong side of the bar.
+- All-or-nothing checks (``judge_checks``: exactness, the distribution test) hold or do not hold.
+- One decision per claim and chapter: a claim with parts that must all be true (C6, C7) is decided by
+  ``decide_parts`` (the weakest part, on one configuration); a claim with alternative conditions (the
+  methods of C3, the interactions of C8) by ``decide_conditions``. ``study_decisions`` makes one line
+  per claim for the whole study.
+
+The ids, sections and wording follow ``shared/CLAIMS.md``; the Chinese quotes are taken verbatim from
+the source document.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -17,8 +35,16 @@ from typing import Any
 
 from studylib.errors import StudylibError
 
-HOLDS, CONDITIONAL, FAILS = "holds", "holds under conditions", "does not hold"
-VERDICTS = (HOLDS, CONDITIONAL, FAILS)
+HOLDS, CONDITIONAL, INCONCLUSIVE, FAILS = "holds", "holds under conditions", "inconclusive", "does not hold"
+VERDICTS = (HOLDS, CONDITIONAL, INCONCLUSIVE, FAILS)
+AT_LEAST, AT_MOST, CHECK = "at_least", "at_most", "check"
+DIRECTIONS = (AT_LEAST, AT_MOST, CHECK)
+DECISION, PART = "decision", "part"
+ROLES = (DECISION, PART)
+
+# The fewest independent units a CI may rest on: per-request metrics need 10 prompts, requests or
+# documents; whole-run metrics (throughput at saturation, a fitted exponent) need 5 repeats of the run.
+MIN_UNITS = {"prompts": 10, "requests": 10, "documents": 10, "repeats": 5}
 
 
 @dataclass(frozen=True)
@@ -90,6 +116,16 @@ CLAIMS: dict[str, Claim] = {c.id: c for c in (
 
 @dataclass
 class Verdict:
+    """One row of the verdict table.
+
+    ``role`` is "decision" for the one row per claim and chapter that decides it, "part" for the rows
+    that the decision was taken from (C6: cost and quality; C7: quality, latency, throughput; C3: the
+    exactness checks and the speed-up). ``n`` counts the independent units behind the CI (prompts,
+    requests, documents or whole-run repeats, named by ``unit``); it is None for rows without a CI.
+    ``threshold`` is the numeric bar (None for checks) and ``direction`` says which side of it the
+    claim needs: "at_least", "at_most" or "check" (all-or-nothing).
+    """
+
     id: str
     claim: str
     metric: str
@@ -99,20 +135,37 @@ class Verdict:
     verdict: str
     conditions: str
     chapter: int
+    n: int | None = None
+    threshold: float | None = None
+    direction: str = "check"
+    role: str = "decision"
+    unit: str | None = None
 
     def __post_init__(self) -> None:
         if self.id not in CLAIMS:
             raise ValueError(f"unknown claim id {self.id!r}; the study's claims are {list(CLAIMS)}")
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
         if self.ci is not None:
             self.ci = (float(self.ci[0]), float(self.ci[1]))
+            if math.isnan(self.ci[0]) or math.isnan(self.ci[1]):
+                self.ci = None
+        if self.n is not None:
+            self.n = int(self.n)
+        if self.threshold is not None:
+            self.threshold = float(self.threshold)
         if not self.claim:
             self.claim = CLAIMS[self.id].text
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["ci"] = list(self.ci) if self.ci is not None else None
+        if isinstance(d["measured"], float) and not math.isfinite(d["measured"]):
+            d["measured"] = None
         return d
 
     @classmethod
@@ -120,20 +173,44 @@ class Verdict:
         ci = d.get("ci")
         return cls(id=d["id"], claim=d.get("claim", ""), metric=d["metric"], measured=d.get("measured"),
                    ci=tuple(ci) if ci is not None else None, claimed=d.get("claimed", ""),
-                   verdict=d["verdict"], conditions=d.get("conditions", ""), chapter=int(d["chapter"]))
+                   verdict=d["verdict"], conditions=d.get("conditions", ""), chapter=int(d["chapter"]),
+                   n=d.get("n"), threshold=d.get("threshold"), direction=d.get("direction", "check"),
+                   role=d.get("role", "decision"), unit=d.get("unit"))
 
 
-def _point_ci(est: Any) -> tuple[float, tuple[float, float] | None]:
-    """Accept an ``Estimate``, a dict with value/ci_low/ci_high, a (value, low, high) tuple or a number."""
+# ----------------------------------------------------------------------------------------- the rules
+
+@dataclass(frozen=True)
+class Point:
+    """A measured value with its 95% CI (None without one) and the number of units behind the CI."""
+
+    value: float
+    ci: tuple[float, float] | None
+    n: int | None
+
+
+def as_point(est: Any) -> Point:
+    """Accept an ``Estimate``, a dict with value/ci_low/ci_high/n, a (value, low, high[, n]) tuple or a
+    number (a bare number has no CI and so can never clear a bar)."""
     if hasattr(est, "value") and hasattr(est, "ci_low"):
-        return float(est.value), (float(est.ci_low), float(est.ci_high))
+        return _point(est.value, est.ci_low, est.ci_high, getattr(est, "n", None))
     if isinstance(est, Mapping):
         if "ci_low" in est:
-            return float(est["value"]), (float(est["ci_low"]), float(est["ci_high"]))
-        return float(est["value"]), None
-    if isinstance(est, Sequence) and not isinstance(est, str) and len(est) == 3:
-        return float(est[0]), (float(est[1]), float(est[2]))
-    return float(est), None
+            return _point(est["value"], est["ci_low"], est["ci_high"], est.get("n"))
+        return _point(est["value"], None, None, est.get("n"))
+    if isinstance(est, Sequence) and not isinstance(est, str) and len(est) in (3, 4):
+        return _point(est[0], est[1], est[2], est[3] if len(est) == 4 else None)
+    return _point(est, None, None, None)
+
+
+def _point(value, lo, hi, n) -> Point:
+    value = float("nan") if value is None else float(value)
+    ci = None
+    if lo is not None and hi is not None:
+        lo, hi = float(lo), float(hi)
+        if not (math.isnan(lo) or math.isnan(hi)):
+            ci = (lo, hi)
+    return Point(value, ci, None if n is None else int(n))
 
 
 def _fmt(x: float) -> str:
@@ -144,113 +221,251 @@ def _join(*parts: str) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, chapter, partial, sign) -> Verdict:
-    """Shared logic of at_least (sign=+1) and at_most (sign=-1): compare sign*value with sign*threshold."""
-    word = ">=" if sign > 0 else "<="
-    lenient = threshold if partial is None else partial
+def _describe(p: Point, unit: str) -> str:
+    ci = f" [{_fmt(p.ci[0])}, {_fmt(p.ci[1])}]" if p.ci is not None else " (no CI)"
+    n = f", n={p.n} {unit}" if p.n is not None else ""
+    return f"{_fmt(p.value)}{ci}{n}"
 
-    def meets(x: float, bound: float) -> bool:
-        return not math.isnan(x) and sign * x >= sign * bound
 
-    def decide(value, ci) -> str:
-        # The CI end nearest the threshold must clear it (the point value when there is no CI).
-        safe = value if ci is None else (ci[0] if sign > 0 else ci[1])
-        if meets(safe, threshold):
-            return HOLDS
-        return CONDITIONAL if meets(value, lenient) else FAILS
+# The state of one condition against a bar: its CI clears it, lies wholly on the wrong side, straddles
+# it, or rests on too few units (or none) to say.
+CLEARS, MISSES, STRADDLES, UNDERSAMPLED = "clears", "misses", "straddles", "too few units"
 
-    if isinstance(estimate, Mapping) and "value" not in estimate:
-        # One estimate per workload/condition: holds only if every one holds.
-        if not estimate:
-            raise ValueError("judge needs at least one estimate")
-        points = {k: _point_ci(v) for k, v in estimate.items()}
-        per = {k: decide(*pc) for k, pc in points.items()}
-        best = max(points, key=lambda k: sign * points[k][0])
-        value, ci = points[best]
-        ok = [k for k, v in per.items() if v != FAILS]
-        bad = [k for k, v in per.items() if v == FAILS]
-        if all(v == HOLDS for v in per.values()):
-            verdict = HOLDS
-        elif ok:
-            verdict = CONDITIONAL
-        else:
-            verdict = FAILS
-        detail = ", ".join(f"{k}: {_fmt(points[k][0])}" for k in points)
-        note = f"per condition ({metric} {word} {_fmt(threshold)}): {detail}"
+
+def condition_state(p: Point, threshold: float, direction: str, min_n: int) -> str:
+    if p.ci is None or p.n is None or p.n < min_n or math.isnan(p.value):
+        return UNDERSAMPLED
+    lo, hi = p.ci
+    if direction == AT_LEAST:
+        return CLEARS if lo >= threshold else (MISSES if hi < threshold else STRADDLES)
+    return CLEARS if hi <= threshold else (MISSES if lo > threshold else STRADDLES)
+
+
+def verdict_from_states(states: Sequence[str]) -> str:
+    """The four-way rule over the conditions that were run (see the module docstring)."""
+    if not states:
+        raise ValueError("a verdict needs at least one condition")
+    if all(s == CLEARS for s in states):
+        return HOLDS
+    if any(s == CLEARS for s in states):
+        return CONDITIONAL
+    if all(s == MISSES for s in states):
+        return FAILS
+    return INCONCLUSIVE
+
+
+def min_units(unit: str) -> int:
+    try:
+        return MIN_UNITS[unit]
+    except KeyError:
+        raise ValueError(f"unknown unit {unit!r}; one of {sorted(MIN_UNITS)}") from None
+
+
+def _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, chapter, direction, unit,
+                 role) -> Verdict:
+    word = ">=" if direction == AT_LEAST else "<="
+    need = min_units(unit)
+    single = not (isinstance(estimate, Mapping) and "value" not in estimate)
+    points = {"": as_point(estimate)} if single else {str(k): as_point(v) for k, v in estimate.items()}
+    if not points:
+        raise ValueError("judge needs at least one estimate")
+    states = {k: condition_state(p, threshold, direction, need) for k, p in points.items()}
+    verdict = verdict_from_states(list(states.values()))
+    sign = 1 if direction == AT_LEAST else -1
+
+    def score(k: str) -> float:
+        v = points[k].value
+        return -math.inf if math.isnan(v) else sign * v
+
+    # The row shows the worst condition when the claim holds everywhere (the bound that covers them
+    # all) and the best one otherwise (how close the claim came); the note lists every condition.
+    shown = min(points, key=score) if verdict == HOLDS else max(points, key=score)
+    p = points[shown]
+    notes = []
+    if single:
+        if states[""] != CLEARS:
+            notes.append(_state_note(states[""], p, word, threshold, need, unit))
+    else:
+        notes.append(f"shown: {shown}")
+        detail = "; ".join(f"{k}: {_describe(points[k], unit)} {states[k]}" for k in points)
+        notes.append(f"per condition ({word} {_fmt(threshold)}): {detail}")
+        clear = [k for k in points if states[k] == CLEARS]
         if verdict == CONDITIONAL:
-            note = _join(note, f"meets it on {', '.join(ok)}", f"not on {', '.join(bad)}" if bad else "")
-        return Verdict(claim_id, "", metric, value, ci, claimed, verdict,
-                       _join(conditions, f"best case shown: {best}", note), chapter)
+            notes.append(f"clears the bar on {', '.join(clear)}; not on "
+                         f"{', '.join(k for k in points if k not in clear)}")
+        under = [k for k in points if states[k] == UNDERSAMPLED]
+        if under:
+            notes.append(f"fewer than {need} {unit} or no CI on {', '.join(under)}")
+    return Verdict(claim_id, "", metric, p.value, p.ci, claimed, verdict, _join(conditions, *notes), chapter,
+                   n=p.n, threshold=threshold, direction=direction, role=role, unit=unit)
 
-    value, ci = _point_ci(estimate)
-    verdict = decide(value, ci)
-    note = ""
-    if verdict == CONDITIONAL:
-        if meets(value, threshold):
-            note = f"the point estimate meets {word} {_fmt(threshold)} but the CI crosses it"
-        else:
-            note = f"reaches {_fmt(lenient)}, short of the claimed {_fmt(threshold)}"
-    return Verdict(claim_id, "", metric, value, ci, claimed, verdict, _join(conditions, note), chapter)
+
+def _state_note(state: str, p: Point, word: str, threshold: float, need: int, unit: str) -> str:
+    if state == UNDERSAMPLED:
+        return (f"no CI from at least {need} {unit} (n={p.n}); the rule cannot decide" if p.ci is None or
+                p.n is None or p.n < need else "no value")
+    if state == STRADDLES:
+        return f"the 95% CI crosses the bar {word} {_fmt(threshold)}"
+    return f"the whole 95% CI misses the bar {word} {_fmt(threshold)}"
 
 
 def judge_at_least(claim_id: str, metric: str, estimate: Any, threshold: float, claimed: str,
-                   conditions: str, chapter: int, partial: float | None = None) -> Verdict:
-    """Holds if the CI's low end is >= ``threshold``; holds under conditions if the point value is >=
-    ``partial`` (default: the threshold) or, for a dict of per-workload estimates, if only some workloads
-    meet it; otherwise does not hold."""
-    return _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, chapter, partial, +1)
+                   conditions: str, chapter: int, unit: str = "prompts", role: str = "decision") -> Verdict:
+    """The claim needs the metric >= ``threshold``. ``estimate`` is one estimate or a mapping of named
+    conditions (workloads, configurations) to estimates; each needs a CI from at least
+    ``MIN_UNITS[unit]`` independent units, or it cannot clear the bar."""
+    return _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, chapter, AT_LEAST, unit,
+                        role)
 
 
 def judge_at_most(claim_id: str, metric: str, estimate: Any, threshold: float, claimed: str,
-                  conditions: str, chapter: int, partial: float | None = None) -> Verdict:
-    """Mirror of ``judge_at_least``: holds if the CI's high end is <= ``threshold``."""
-    return _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, chapter, partial, -1)
+                  conditions: str, chapter: int, unit: str = "prompts", role: str = "decision") -> Verdict:
+    """Mirror of ``judge_at_least``: the claim needs the metric <= ``threshold``."""
+    return _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, chapter, AT_MOST, unit,
+                        role)
 
 
-def judge_all(claim_id: str, metric: str, checks: Mapping[str, bool], claimed: str, conditions: str,
-              chapter: int, measured: Any = None) -> Verdict:
-    """Holds if every named check passes, holds under conditions if some do, does not hold if none do.
+def judge_checks(claim_id: str, metric: str, checks: Mapping[str, bool], claimed: str, conditions: str,
+                 chapter: int, measured: Any = None, role: str = "decision") -> Verdict:
+    """All-or-nothing: holds if every named check passes, otherwise does not hold (exactness, the
+    distribution test, "outputs identical": a method exact on some workloads only is not exact).
 
-    ``measured`` (optional) is the headline number shown in the table, as a value or an estimate.
-    """
+    ``measured`` (optional) is the number shown in the table; by default "k/N checks"."""
     if not checks:
-        raise ValueError("judge_all needs at least one check")
+        raise ValueError("judge_checks needs at least one check")
     passed = [k for k, v in checks.items() if bool(v)]
     failed = [k for k, v in checks.items() if not bool(v)]
-    verdict = HOLDS if not failed else (CONDITIONAL if passed else FAILS)
-    value, ci = (_point_ci(measured) if measured is not None else (f"{len(passed)}/{len(checks)} checks", None))
-    note = _join(f"passes: {', '.join(passed)}" if passed else "",
-                 f"fails: {', '.join(failed)}" if failed else "")
-    return Verdict(claim_id, "", metric, value, ci, claimed, verdict, _join(conditions, note), chapter)
+    verdict = HOLDS if not failed else FAILS
+    p = as_point(measured) if measured is not None else None
+    note = _join(f"fails: {', '.join(failed)}" if failed else "",
+                 f"passes: {', '.join(passed)}" if passed else "")
+    return Verdict(claim_id, "", metric, p.value if p else f"{len(passed)}/{len(checks)} checks",
+                   p.ci if p else None, claimed, verdict, _join(conditions, note), chapter,
+                   n=p.n if p and p.ci is not None else None, threshold=None, direction=CHECK, role=role)
+
+
+_ORDER = {HOLDS: 3, CONDITIONAL: 2, INCONCLUSIVE: 1, FAILS: 0}
+
+
+def decide_parts(claim_id: str, metric: str, parts: Sequence[Verdict], claimed: str, conditions: str,
+                 chapter: int) -> list[Verdict]:
+    """One decision for a claim with several parts that must all be true at once (C6: linear cost AND
+    quality within 1%; C7: quality AND latency AND throughput). The parts must have been judged on the
+    same configuration; the decision is the weakest part, and names it. Returns [decision, *parts]
+    with the parts marked ``role="part"``."""
+    if not parts:
+        raise ValueError("decide_parts needs at least one part")
+    parts = [dataclasses.replace(p, role=PART) for p in parts]
+    weakest = min(parts, key=lambda p: _ORDER[p.verdict])
+    verdict = weakest.verdict
+    if verdict == HOLDS:
+        note = "every part holds"
+    else:
+        short = [f"{p.metric}: {p.verdict}" for p in parts if p.verdict != HOLDS]
+        note = f"decided by the weakest part ({'; '.join(short)})"
+    row = Verdict(claim_id, "", metric, f"{sum(p.verdict == HOLDS for p in parts)}/{len(parts)} parts hold",
+                  None, claimed, verdict, _join(conditions, note), chapter, direction=CHECK, role=DECISION)
+    return [row, *parts]
+
+
+def decide_conditions(claim_id: str, metric: str, rows: Sequence[Verdict], claimed: str, conditions: str,
+                      chapter: int, names: Sequence[str] | None = None) -> list[Verdict]:
+    """One decision over alternatives, each a condition in its own right (C3: each method; C8: each
+    interaction): holds if every one holds, holds under conditions if at least one does (the note lists
+    which do and which do not), inconclusive if none holds but one is inconclusive or holds only under
+    conditions, does not hold if none does. Returns [decision, *rows as parts]."""
+    if not rows:
+        raise ValueError("decide_conditions needs at least one row")
+    names = list(names) if names is not None else [r.metric for r in rows]
+    rows = [dataclasses.replace(r, role=PART) for r in rows]
+    states = []
+    for r in rows:
+        states.append(CLEARS if r.verdict == HOLDS else MISSES if r.verdict == FAILS else STRADDLES)
+    if any(r.verdict == CONDITIONAL for r in rows) and not any(r.verdict == HOLDS for r in rows):
+        verdict = CONDITIONAL  # a condition that holds somewhere is a named condition where it holds
+    else:
+        verdict = verdict_from_states(states)
+    held = [nm for nm, r in zip(names, rows, strict=True) if r.verdict in (HOLDS, CONDITIONAL)]
+    not_held = [f"{nm} ({r.verdict})" for nm, r in zip(names, rows, strict=True)
+                if r.verdict not in (HOLDS, CONDITIONAL)]
+    note = _join(f"holds for: {', '.join(held)}" if held else "",
+                 f"not for: {', '.join(not_held)}" if not_held else "")
+    row = Verdict(claim_id, "", metric, f"{len(held)}/{len(rows)} hold", None, claimed, verdict,
+                  _join(conditions, note), chapter, direction=CHECK, role=DECISION)
+    return [row, *rows]
+
+
+def study_decisions(verdicts: Sequence[Verdict]) -> list[Verdict]:
+    """One line per claim for the whole study: the chapter's decision when one chapter decides it, and
+    the chapters taken as conditions (``decide_conditions``) when several do (C3: chapters 2 and 3;
+    C8: chapters 5 and 7). The line's ``chapter`` is the first chapter's."""
+    out = []
+    for cid in CLAIMS:
+        rows = sorted((v for v in verdicts if v.id == cid and v.role == DECISION), key=lambda v: v.chapter)
+        if not rows:
+            continue
+        if len(rows) == 1:
+            out.append(rows[0])
+            continue
+        names = [f"chapter {r.chapter}" for r in rows]
+        d = decide_conditions(cid, "decision over chapters " + ", ".join(str(r.chapter) for r in rows), rows,
+                              rows[0].claimed, "", rows[0].chapter, names=names)[0]
+        out.append(d)
+    return out
+
+
+def check_one_decision(verdicts: Sequence[Verdict]) -> None:
+    """A chapter's rows must hold exactly one decision row per claim they touch."""
+    for cid in dict.fromkeys(v.id for v in verdicts):
+        k = sum(1 for v in verdicts if v.id == cid and v.role == DECISION)
+        if k != 1:
+            raise ValueError(f"claim {cid} has {k} decision rows in this chapter; exactly one is needed "
+                             "(use decide_parts or decide_conditions to combine rows)")
 
 
 # ----------------------------------------------------------------------------------------- display
 
-_COLOURS = {HOLDS: "#d9f2d9", CONDITIONAL: "#fff1c2", FAILS: "#f8d4d4"}
+_COLOURS = {HOLDS: "#d9f2d9", CONDITIONAL: "#fff1c2", INCONCLUSIVE: "#e4e4f0", FAILS: "#f8d4d4"}
 
 
-def format_measured(measured: Any, ci: tuple[float, float] | None) -> str:
+def format_measured(measured: Any, ci: tuple[float, float] | None, n: int | None = None) -> str:
     if measured is None:
         return "n/a"
     if isinstance(measured, int | float):
+        if isinstance(measured, float) and math.isnan(measured):
+            return "n/a"
         text = _fmt(float(measured))
-        return f"{text} [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci is not None else text
+        if ci is not None:
+            text = f"{text} [{_fmt(ci[0])}, {_fmt(ci[1])}]"
+        return f"{text} (n={n})" if n is not None else text
     return str(measured)
+
+
+def format_bar(v: Verdict) -> str:
+    """The numeric bar with its side ("≥ 0.99"), or "all checks" for all-or-nothing rows."""
+    if v.direction == CHECK or v.threshold is None:
+        return "all checks"
+    return f"{'≥' if v.direction == AT_LEAST else '≤'} {_fmt(v.threshold)}"
 
 
 def verdict_frame(verdicts: Sequence[Verdict]):
     import pandas as pd
 
-    rows = [{"id": v.id, "claim": v.claim, "metric": v.metric, "measured [95% CI]": format_measured(v.measured, v.ci),
+    rows = [{"id": v.id, "role": v.role, "claim": v.claim, "metric": v.metric,
+             "measured [95% CI] (n)": format_measured(v.measured, v.ci, v.n), "bar": format_bar(v),
              "claimed": v.claimed, "verdict": v.verdict, "conditions": v.conditions, "chapter": v.chapter}
             for v in verdicts]
-    cols = ["id", "claim", "metric", "measured [95% CI]", "claimed", "verdict", "conditions", "chapter"]
+    cols = ["id", "role", "claim", "metric", "measured [95% CI] (n)", "bar", "claimed", "verdict", "conditions",
+            "chapter"]
     return pd.DataFrame(rows, columns=cols)
 
 
 def verdict_table(verdicts: Sequence[Verdict]):
-    """A pandas Styler that renders as a compact HTML table with coloured verdicts (no index)."""
+    """A pandas Styler that renders as a compact HTML table with coloured verdicts (no index); part
+    rows are indented under their claim's decision."""
     df = verdict_frame(verdicts)
+    df["id"] = [f" {i} (part)" if r == PART else i for i, r in zip(df["id"], df["role"], strict=True)]
+    df = df.drop(columns=["role"])
     styler = df.style.hide(axis="index").map(lambda v: f"background-color: {_COLOURS.get(v, '')}",
                                              subset=["verdict"])
     styler = styler.set_table_attributes('class="verdict-table"')
@@ -259,8 +474,8 @@ def verdict_table(verdicts: Sequence[Verdict]):
         {"selector": "th", "props": "text-align: left; background: #f0f0f0; padding: 4px 6px;"},
         {"selector": "td", "props": "text-align: left; vertical-align: top; padding: 4px 6px; "
                                     "border-top: 1px solid #ddd;"},
-        {"selector": "td.col1, td.col6", "props": "min-width: 16em; max-width: 30em;"},
-        {"selector": "td.col5", "props": "font-weight: bold; white-space: nowrap;"},
+        {"selector": "td.col1, td.col7", "props": "min-width: 16em; max-width: 30em;"},
+        {"selector": "td.col6", "props": "font-weight: bold; white-space: nowrap;"},
     ])
 
 
@@ -269,6 +484,24 @@ def verdict_text(verdicts: Sequence[Verdict], width: int = 48) -> str:
     df = verdict_frame(verdicts).drop(columns=["claim"])
     df["conditions"] = df["conditions"].map(lambda s: s if len(s) <= width else s[: width - 3] + "...")
     return df.to_string(index=False)
+
+
+def verdict_markdown(verdicts: Sequence[Verdict]) -> str:
+    """The study's summary as Markdown: one line per claim (``study_decisions``), then every chapter's
+    rows with their n, bar and verdict. README's results section is this text, pasted verbatim."""
+    def cell(x: Any) -> str:
+        return str(x).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| claim | verdict | decided by | chapter |", "|---|---|---|---|"]
+    for d in study_decisions(verdicts):
+        lines.append(f"| {d.id} | **{d.verdict}** | {cell(d.metric)}: {cell(format_measured(d.measured, d.ci, d.n))} "
+                     f"| {d.chapter} |")
+    lines += ["", "| claim | chapter | row | metric | measured [95% CI] (n) | bar | verdict |",
+              "|---|---|---|---|---|---|---|"]
+    for v in sorted(verdicts, key=lambda v: (int(v.id[1:]), v.chapter, v.role != DECISION)):
+        lines.append(f"| {v.id} | {v.chapter} | {v.role} | {cell(v.metric)} | "
+                     f"{cell(format_measured(v.measured, v.ci, v.n))} | {cell(format_bar(v))} | {v.verdict} |")
+    return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------------------- loading
@@ -288,7 +521,7 @@ def load_chapter(path: str | Path) -> dict[str, Any]:
 
 
 def load_verdicts(profile_dir: str | Path) -> list[Verdict]:
-    """Every verdict in ``<profile_dir>/chNN.json``: the combined chapter's headline first (it is the
-    study's conclusion), then by claim id and chapter."""
+    """Every verdict in ``<profile_dir>/chNN.json``, by claim id and chapter, each decision row before
+    its parts."""
     out = [v for f in chapter_files(profile_dir) for v in load_chapter(f)["verdicts"]]
-    return sorted(out, key=lambda v: (v.chapter != 7, int(v.id[1:]), v.chapter))
+    return sorted(out, key=lambda v: (int(v.id[1:]), v.chapter, v.role != DECISION))

@@ -313,27 +313,44 @@ def test_budget_specs_hit_their_budgets():
     assert _ratio_ci(np.full(300, 0.01)) == pytest.approx((np.exp(0.01), np.exp(0.01)))
 
 
-def test_judge_c6_reads_the_measurements():
+def _synthetic_cost_repeats(repeats=6):
     import pandas as pd
 
+    rng = np.random.default_rng(0)
+    rows = []
+    for T in (32, 64, 128, 256):
+        for r in range(repeats):
+            for spec, t in (("dense", 1e-6 * T**2), ("window:8", 1e-4 * T), ("sinks:2,14", 1e-4 * T)):
+                rows.append({"pattern": spec, "backend": "torch", "seq_len": T, "rep": r,
+                             "seconds": t * (1 + 0.01 * rng.standard_normal())})
+    return pd.DataFrame(rows)
+
+
+def _docs(ratios):
+    import pandas as pd
+
+    rng = np.random.default_rng(1)
+    return pd.DataFrame([{"document": d, "pattern": spec, "ppl_ratio": r * (1 + 0.001 * rng.standard_normal()),
+                          "kl": 0.01, "top1": 0.98} for spec, r in ratios.items() for d in range(10)])
+
+
+def test_judge_c6_decides_on_one_configuration_with_both_parts():
     from studylib.experiments import ch06_sparse_attention as ch06
 
-    fits = ch06.fit_exponents(_synthetic_cost())
-    summary = pd.DataFrame([
-        {"pattern": "dense", "kind": "dense", "ppl_ratio": 1.0, "ppl_ratio_low": 1.0, "ppl_ratio_high": 1.0,
-         "agreement": 1.0},
-        {"pattern": "sinks:4,60", "kind": "sinks", "ppl_ratio": 1.005, "ppl_ratio_low": 1.001,
-         "ppl_ratio_high": 1.009, "agreement": 1.0}])
-    needle = pd.DataFrame([{"pattern": "dense", "in_window": True, "found": True},
-                           {"pattern": "sinks:4,60", "in_window": False, "found": False}])
-    cost_v, qual_v, overall = ch06.judge_c6(fits, summary, needle, "synthetic")
-    assert cost_v.verdict == "holds" and qual_v.verdict == "holds"
-    assert overall.verdict == "holds under conditions" and "recall beyond the window" in overall.conditions
-
-    # Linear cost alone is half the claim: with no pattern inside 1% the combined row does not hold.
-    worse = summary.assign(ppl_ratio=[1.0, 1.05], ppl_ratio_low=[1.0, 1.03], ppl_ratio_high=[1.0, 1.07])
-    _, qual_v, overall = ch06.judge_c6(fits, worse, needle, "synthetic")
-    assert qual_v.verdict == "does not hold" and overall.verdict == "does not hold"
+    cost = _synthetic_cost_repeats()
+    assert ch06.exponent_estimate(cost, "window:8").value == pytest.approx(1, abs=0.02)
+    assert ch06.exponent_estimate(cost, "dense").value == pytest.approx(2, abs=0.02)
+    # window is fast but loses quality, sinks is fast and within 1%: holds under conditions, for sinks only
+    rows = ch06.judge_c6(cost, _docs({"window:8": 1.5, "sinks:2,14": 1.002}), "synthetic")
+    assert rows[0].role == "decision" and rows[0].verdict == "holds under conditions"
+    assert "holds for: sinks:2,14" in rows[0].conditions and "window:8 (does not hold)" in rows[0].conditions
+    assert {r.unit for r in rows[1:]} == {"repeats", "documents"}
+    # quality alone (no configuration with linear cost) is not the claim
+    slow = cost.assign(seconds=np.where(cost.pattern == "sinks:2,14", 1e-6 * cost.seq_len**2, cost.seconds))
+    assert ch06.judge_c6(slow, _docs({"sinks:2,14": 1.002}), "s")[0].verdict == "does not hold"
+    # three repeats decide nothing
+    few = cost[cost.rep < 3]
+    assert ch06.judge_c6(few, _docs({"sinks:2,14": 1.002}), "s")[0].verdict == "inconclusive"
 
 
 def test_pair_ratio_is_the_work_bound():

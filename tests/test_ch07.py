@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from studylib.claims import CONDITIONAL, FAILS, HOLDS
+from studylib.claims import CONDITIONAL, FAILS, HOLDS, INCONCLUSIVE
 from studylib.errors import StudylibError
 from studylib.experiments import ch07_combined as cc
 from studylib.experiments import ch07_quality as cq
@@ -164,8 +164,8 @@ def test_task_ratio_is_undefined_when_the_baseline_scores_zero():
 # --------------------------------------------------------------------------------- verdicts
 
 
-def stacks_frame(speedups, lows, highs, quality=1.0):
-    return pd.DataFrame({"workload": [f"w{i}" for i in range(len(speedups))], "stack": "s", "requests": 4,
+def stacks_frame(speedups, lows, highs, quality=1.0, requests=10):
+    return pd.DataFrame({"workload": [f"w{i}" for i in range(len(speedups))], "stack": "s", "requests": requests,
                          "speedup": speedups, "low": lows, "high": highs, "ttft_speedup": 1.0, "tpot_speedup": 1.0,
                          "quality": quality, "q_low": quality, "q_high": quality, "binding": "exact match"})
 
@@ -175,37 +175,48 @@ def test_latency_verdict_follows_the_rule_per_workload():
     v = report.judge_latency(stacks_frame([12, 2], [11, 1.5], [13, 2.5]), "c")
     assert v.verdict == CONDITIONAL and "w0" in v.conditions and "w1" in v.conditions
     assert report.judge_latency(stacks_frame([1.2, 2], [1.1, 1.5], [1.3, 2.5]), "c").verdict == FAILS
+    assert report.judge_latency(stacks_frame([12], [11], [13], requests=4), "c").verdict == INCONCLUSIVE
 
 
 def test_quality_verdict_fails_below_99_percent():
     assert report.judge_quality(stacks_frame([1.0], [1.0], [1.0], quality=1.0), "c").verdict == HOLDS
     assert report.judge_quality(stacks_frame([1.0], [1.0], [1.0], quality=0.5), "c").verdict == FAILS
-    tsum = pd.DataFrame({"policy": ["continuous + radix"], "exact_match": [0.5]})
-    v = report.judge_quality(stacks_frame([1.0], [1.0], [1.0], quality=1.0), "c", tsum)
-    assert v.verdict == CONDITIONAL and "serving (continuous + radix)" in v.conditions
 
 
 def test_throughput_verdict_and_the_range_note():
-    tsum = pd.DataFrame({"policy": ["continuous + radix"], "gain": [20.0], "gain_low": [18.0], "gain_high": [22.0]})
+    tsum = pd.DataFrame({"policy": ["continuous + radix"], "gain": [20.0], "gain_low": [18.0], "gain_high": [22.0],
+                         "repeats": [5]})
     v = report.judge_throughput(tsum, "c")
-    assert v.verdict == HOLDS and "above the claimed" in v.conditions
+    assert v.verdict == HOLDS and "above the claimed" in v.conditions and v.n == 5
     tsum["gain"], tsum["gain_low"], tsum["gain_high"] = 3.0, 2.5, 3.5
     assert report.judge_throughput(tsum, "c").verdict == FAILS
+    tsum["repeats"] = 2
+    assert report.judge_throughput(tsum, "c").verdict == INCONCLUSIVE
 
 
-def test_c8_checks_read_the_numbers():
+def test_c7_is_one_decision_a_lossless_stack_cannot_carry():
+    tsum = pd.DataFrame({"policy": ["continuous + radix"], "gain": [2.6], "gain_low": [2.5], "gain_high": [2.7],
+                         "repeats": [5]})
+    rows = report.judge_c7(stacks_frame([1.6], [1.0], [3.9]), tsum, "c", "s")
+    assert [r.role for r in rows] == ["decision", "part", "part", "part"]
+    assert rows[1].verdict == HOLDS  # quality holds: the stack is lossless ...
+    assert rows[0].verdict == FAILS  # ... but the claim is the three parts at once
+
+
+def test_c8_counts_measured_checks_only():
     spec = pd.DataFrame({"batch": [1, 16], "gain": [1.5, 0.8]})
     prefix = pd.Series({"workload": "w", "ttft_speedup": 5.0, "ttft_low": 4.0, "ttft_high": 6.0,
-                        "tpot_speedup": 1.0, "tpot_low": 0.9, "tpot_high": 1.1})
+                        "tpot_speedup": 1.0, "tpot_low": 0.9, "tpot_high": 1.1, "requests": 10})
     sparse = pd.DataFrame({"context": [256, 2048], "speedup": [0.9, 1.6]})
     inter = pd.DataFrame({"workload": ["w"], "stack": ["s"], "ratio": [0.6], "low": [0.5], "high": [0.7]})
     checks = report.c8_checks(spec, prefix, sparse, inter)
-    assert len(checks) == 4 and all(checks.values())
-    assert report.judge_c8(checks, "c").verdict == HOLDS
-    spec["gain"] = [0.8, 1.5]
+    assert len(checks) == 4 and sum(not c["measured"] for c in checks.values()) == 1
+    rows = report.judge_c8(checks, "c")
+    assert rows[0].verdict == HOLDS and len(rows) == 1 + 3 and "not counted (models)" in rows[0].conditions
+    spec["gain"] = [0.8, 1.5]  # the model's check fails: it changes nothing
+    assert report.judge_c8(report.c8_checks(spec, prefix, sparse, inter), "c")[0].verdict == HOLDS
     inter["high"] = 1.2
-    checks = report.c8_checks(spec, prefix, sparse, inter)
-    assert sum(checks.values()) == 2 and report.judge_c8(checks, "c").verdict == CONDITIONAL
+    assert report.judge_c8(report.c8_checks(spec, prefix, sparse, inter), "c")[0].verdict == CONDITIONAL
     with pytest.raises(StudylibError):
         report.judge_c8({}, "c")
 

@@ -1,29 +1,40 @@
-"""Verdict rules on synthetic measurements: claims that hold, hold under conditions and do not hold."""
+"""The verdict rules on synthetic measurements: all four verdicts, the all-or-nothing checks, claims with
+several parts, the minimum number of units behind a CI, and the study-level line per claim."""
 
 import json
 
+import numpy as np
 import pytest
 
-from studylib.bench.stats import Estimate, estimate
+from studylib.bench.stats import Estimate, estimate, ratio_estimate
 from studylib.claims import (
     CLAIMS,
     CONDITIONAL,
+    DECISION,
     FAILS,
     HOLDS,
+    INCONCLUSIVE,
+    MIN_UNITS,
+    PART,
     Verdict,
+    check_one_decision,
+    decide_conditions,
+    decide_parts,
     format_measured,
-    judge_all,
     judge_at_least,
     judge_at_most,
+    judge_checks,
     load_verdicts,
+    study_decisions,
     verdict_frame,
+    verdict_markdown,
     verdict_table,
     verdict_text,
 )
 
 
-def est(value, lo, hi):
-    return Estimate(value, lo, hi, 5, [value] * 5)
+def est(value, lo, hi, n=12):
+    return Estimate(value, lo, hi, n, [value] * n)
 
 
 def test_registry_has_c1_to_c8_with_chinese_quotes():
@@ -34,58 +45,136 @@ def test_registry_has_c1_to_c8_with_chinese_quotes():
 
 
 @pytest.mark.parametrize("value,lo,hi,expected", [
-    (12.0, 10.5, 13.0, HOLDS),  # whole CI above 10x
-    (10.4, 9.0, 11.0, CONDITIONAL),  # point meets, CI crosses
-    (6.0, 5.0, 7.0, FAILS),
+    (12.0, 10.5, 13.0, HOLDS),  # the whole CI above 10x
+    (10.4, 9.0, 11.0, INCONCLUSIVE),  # the point meets the bar, the CI crosses it: no decision
+    (9.5, 9.0, 11.0, INCONCLUSIVE),  # the point misses, the CI reaches it
+    (6.0, 5.0, 7.0, FAILS),  # the whole CI below
 ])
-def test_at_least_uses_the_ci_low_end(value, lo, hi, expected):
+def test_single_condition_is_decided_on_the_ci(value, lo, hi, expected):
     v = judge_at_least("C7", "latency reduction (x)", est(value, lo, hi), 10.0, ">10x", "smollm2-135m, CPU", 7)
     assert v.verdict == expected
-    assert v.measured == value and v.ci == (lo, hi)
+    assert v.measured == value and v.ci == (lo, hi) and v.n == 12
+    assert v.threshold == 10.0 and v.direction == "at_least" and v.role == DECISION
     assert v.claim == CLAIMS["C7"].text
 
 
-def test_at_least_partial_level_gives_conditional_with_reason():
-    v = judge_at_least("C7", "speedup", est(3.0, 2.8, 3.2), 10.0, ">10x", "cpu", 7, partial=2.0)
-    assert v.verdict == CONDITIONAL
-    assert "short of the claimed 10" in v.conditions
-    assert judge_at_least("C7", "speedup", est(1.5, 1.4, 1.6), 10.0, ">10x", "", 7, partial=2.0).verdict == FAILS
-
-
-def test_at_least_per_workload_holds_only_where_met():
+def test_conditions_give_all_four_verdicts():
     per = {"chat": est(2.5, 2.2, 2.8), "code": est(1.1, 0.9, 1.3), "summaries": est(0.8, 0.7, 0.9)}
     v = judge_at_least("C3", "speedup", per, 1.0, ">1x", "smollm2", 2)
     assert v.verdict == CONDITIONAL
-    assert v.measured == 2.5  # the best case is shown and named
-    assert "best case shown: chat" in v.conditions and "not on summaries" in v.conditions
-    assert judge_at_least("C3", "speedup", {"a": est(2, 1.5, 3), "b": est(3, 2, 4)}, 1.0, "", "", 2).verdict == HOLDS
-    assert judge_at_least("C3", "speedup", {"a": est(0.5, 0.4, 0.6)}, 1.0, "", "", 2).verdict == FAILS
+    assert v.measured == 2.5  # the best case is shown, and every condition is named with its n
+    assert "shown: chat" in v.conditions and "clears the bar on chat; not on code, summaries" in v.conditions
+    assert "n=12 prompts" in v.conditions
+    held = judge_at_least("C3", "speedup", {"a": est(2, 1.5, 3), "b": est(3, 2, 4)}, 1.0, "", "", 2)
+    assert held.verdict == HOLDS and held.measured == 2  # holds everywhere: the worst case is shown
+    # the reviewer's case: one condition's point estimate clears, its CI crosses, the others fail
+    lookahead = {"xsum": est(1.13, 0.88, 1.18), "chat": est(0.92, 0.85, 0.97), "code": est(0.87, 0.8, 0.95)}
+    assert judge_at_least("C3", "speedup", lookahead, 1.0, "", "", 3).verdict == INCONCLUSIVE
+    assert judge_at_least("C3", "speedup", {"a": est(0.5, 0.4, 0.6), "b": est(0.7, 0.6, 0.8)}, 1.0, "", "",
+                          2).verdict == FAILS
 
 
 def test_at_most_mirrors_at_least():
-    assert judge_at_most("C6", "exponent", est(1.05, 1.0, 1.1), 1.2, "<2", "", 6).verdict == HOLDS
-    assert judge_at_most("C6", "exponent", est(1.15, 1.0, 1.3), 1.2, "<2", "", 6).verdict == CONDITIONAL
-    assert judge_at_most("C6", "exponent", est(1.9, 1.8, 2.0), 1.2, "<2", "", 6, partial=1.5).verdict == FAILS
+    assert judge_at_most("C6", "exponent", est(1.05, 1.0, 1.1, 5), 1.2, "<2", "", 6, unit="repeats").verdict == HOLDS
+    assert judge_at_most("C6", "exponent", est(1.15, 1.0, 1.3, 5), 1.2, "", "", 6, unit="repeats").verdict \
+        == INCONCLUSIVE
+    assert judge_at_most("C6", "exponent", est(1.9, 1.8, 2.0, 5), 1.2, "", "", 6, unit="repeats").verdict == FAILS
+    v = judge_at_most("C6", "ppl ratio", {"sinks": est(1.002, 0.999, 1.005), "window": est(2.0, 1.9, 2.1)},
+                      1.01, "", "", 6, unit="documents")
+    assert v.verdict == CONDITIONAL and v.direction == "at_most" and v.measured == 1.002
 
 
-def test_plain_numbers_and_nan():
-    assert judge_at_least("C1", "R^2", 0.995, 0.99, ">=0.99", "", 1).verdict == HOLDS
-    assert judge_at_least("C1", "R^2", 0.98, 0.99, ">=0.99", "", 1).verdict == FAILS
-    assert judge_at_least("C1", "R^2", float("nan"), 0.99, ">=0.99", "", 1).verdict == FAILS
+@pytest.mark.parametrize("unit", sorted(MIN_UNITS))
+def test_too_few_units_never_decide(unit):
+    need = MIN_UNITS[unit]
+    assert need >= (5 if unit == "repeats" else 10)
+    clear = est(5.0, 4.0, 6.0, n=need)
+    assert judge_at_least("C5", "gain", clear, 1.0, "", "", 5, unit=unit).verdict == HOLDS
+    few = est(5.0, 4.0, 6.0, n=need - 1)
+    v = judge_at_least("C5", "gain", few, 1.0, "", "", 5, unit=unit)
+    assert v.verdict == INCONCLUSIVE and f"at least {need} {unit}" in v.conditions and v.n == need - 1
+    # an undersampled miss cannot say "does not hold" either
+    assert judge_at_least("C5", "gain", est(0.5, 0.4, 0.6, n=need - 1), 1.0, "", "", 5, unit=unit).verdict \
+        == INCONCLUSIVE
+    # and an undersampled condition beside a clearing one leaves the claim "under conditions"
+    both = {"big": clear, "small": few}
+    assert judge_at_least("C5", "gain", both, 1.0, "", "", 5, unit=unit).verdict == CONDITIONAL
 
 
-def test_real_estimate_from_samples():
-    v = judge_at_least("C3", "tokens per forward", estimate([2.0, 2.1, 2.2, 2.05, 2.15]), 1.0, ">1", "", 2)
-    assert v.verdict == HOLDS and v.ci[0] <= v.measured <= v.ci[1]
+def test_numbers_without_a_ci_and_nan_cannot_decide():
+    assert judge_at_least("C1", "R^2", 0.995, 0.99, ">=0.99", "", 1).verdict == INCONCLUSIVE
+    assert judge_at_least("C1", "R^2", float("nan"), 0.99, ">=0.99", "", 1).verdict == INCONCLUSIVE
+    assert judge_at_least("C1", "R^2", (0.995, 0.992, 0.998), 0.99, "", "", 1).verdict == INCONCLUSIVE  # no n
+    assert judge_at_least("C1", "R^2", (0.995, 0.992, 0.998, 10), 0.99, "", "", 1).verdict == HOLDS
 
 
-def test_judge_all():
-    checks = {"linear": True, "memory-bound": True}
-    assert judge_all("C1", "checks", checks, "linear", "", 1).verdict == HOLDS
-    v = judge_all("C1", "R^2", {"linear": True, "memory-bound": False}, "linear", "cpu", 1, measured=0.999)
-    assert v.verdict == CONDITIONAL and "fails: memory-bound" in v.conditions and v.measured == 0.999
-    v = judge_all("C1", "checks", {"linear": False, "memory-bound": False}, "linear", "", 1)
-    assert v.verdict == FAILS and v.measured == "0/2 checks"
+def test_real_estimates_from_samples():
+    rng = np.random.default_rng(0)
+    v = judge_at_least("C3", "tokens per forward", estimate(2.0 + 0.1 * rng.random(12)), 1.0, ">1", "", 2)
+    assert v.verdict == HOLDS and v.ci[0] <= v.measured <= v.ci[1] and v.n == 12
+    one = estimate([3.0])
+    assert one.n == 1 and np.isnan(one.ci_low)  # one sample has no CI ...
+    assert judge_at_least("C3", "x", one, 1.0, "", "", 2).verdict == INCONCLUSIVE  # ... and decides nothing
+
+
+def test_repeats_of_a_unit_are_one_unit():
+    # 4 prompts x 2 repeats is 4 units, not 8
+    e = estimate([1, 1.1, 2, 2.1, 3, 3.1, 4, 4.1], units=["a", "a", "b", "b", "c", "c", "d", "d"])
+    assert e.n == 4 and e.samples == pytest.approx([1.05, 2.05, 3.05, 4.05])
+    r = ratio_estimate([2, 2, 4, 4], [1, 1, 2, 2], units=[0, 0, 1, 1])
+    assert r.n == 2 and r.value == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        estimate([1, 2], units=["a"])
+
+
+def test_checks_are_all_or_nothing():
+    checks = {"chat": True, "xsum": True}
+    assert judge_checks("C3", "exact", checks, "lossless", "", 2).verdict == HOLDS
+    v = judge_checks("C3", "exact", {"chat": True, "xsum": False}, "lossless", "cpu", 2)
+    assert v.verdict == FAILS and "fails: xsum" in v.conditions and v.measured == "1/2 checks"
+    assert v.direction == "check" and v.threshold is None and v.n is None
+    v = judge_checks("C3", "sampling", {"exact sampler accepted": True, "wrong sampler rejected": False}, "", "", 2)
+    assert v.verdict == FAILS  # a test without power decides nothing in the claim's favour
+
+
+def test_parts_are_decided_by_the_weakest():
+    quality = judge_at_least("C7", "quality", est(1.0, 0.995, 1.0), 0.99, ">99%", "", 7)
+    latency = judge_at_least("C7", "latency", est(1.6, 1.0, 3.9), 10.0, ">10x", "", 7)
+    thru = judge_at_least("C7", "throughput", est(2.6, 2.5, 2.7, 5), 8.0, "8-12x", "", 7, unit="repeats")
+    rows = decide_parts("C7", "quality, latency and throughput at once", [quality, latency, thru], "", "stack X", 7)
+    assert rows[0].role == DECISION and all(r.role == PART for r in rows[1:])
+    assert rows[0].verdict == FAILS and "latency: does not hold" in rows[0].conditions
+    assert rows[0].measured == "1/3 parts hold"
+    ok = decide_parts("C6", "cost and quality", [quality, quality], "", "", 7)[0]
+    assert ok.verdict == HOLDS
+    unsure = judge_at_least("C7", "latency", est(10.4, 9.0, 11.0), 10.0, "", "", 7)
+    assert decide_parts("C7", "x", [quality, unsure], "", "", 7)[0].verdict == INCONCLUSIVE
+    check_one_decision(rows)
+    with pytest.raises(ValueError):
+        check_one_decision([quality, latency])  # two decision rows for C7
+
+
+def test_conditions_over_alternatives():
+    yes = judge_checks("C8", "a", {"x": True}, "", "", 7)
+    no = judge_checks("C8", "b", {"x": False}, "", "", 7)
+    maybe = judge_at_least("C8", "c", est(1.0, 0.9, 1.1), 1.0, "", "", 7)
+    assert decide_conditions("C8", "m", [yes, yes], "", "", 7)[0].verdict == HOLDS
+    d = decide_conditions("C8", "m", [yes, no, maybe], "", "", 7)[0]
+    assert d.verdict == CONDITIONAL and "holds for: a" in d.conditions and "b (does not hold)" in d.conditions
+    assert decide_conditions("C8", "m", [no, maybe], "", "", 7)[0].verdict == INCONCLUSIVE
+    assert decide_conditions("C8", "m", [no, no], "", "", 7)[0].verdict == FAILS
+
+
+def test_study_has_one_line_per_claim():
+    c3a = judge_checks("C3", "exact", {"x": True}, "", "", 2)
+    c3b = judge_checks("C3", "exact", {"x": False}, "", "", 3)
+    c1 = judge_at_least("C1", "R^2", est(0.999, 0.998, 0.9995), 0.99, "", "", 1)
+    part = judge_at_least("C1", "step growth", est(1.4, 1.3, 1.5), 2.0, "", "", 1, role=PART)
+    lines = study_decisions([c1, part, c3a, c3b])
+    assert [d.id for d in lines] == ["C1", "C3"]
+    assert lines[0] is c1 and lines[1].verdict == CONDITIONAL and "chapter 2" in lines[1].conditions
+    md = verdict_markdown([c1, part, c3a, c3b])
+    assert md.count("\n| C3 |") == 1 + 2 and "(n=12)" in md and "≥ 0.99" in md
 
 
 def test_verdict_validates_and_roundtrips():
@@ -93,19 +182,22 @@ def test_verdict_validates_and_roundtrips():
         Verdict("C9", "", "m", 1.0, None, "", HOLDS, "", 1)
     with pytest.raises(ValueError):
         Verdict("C1", "", "m", 1.0, None, "", "probably", "", 1)
+    with pytest.raises(ValueError):
+        Verdict("C1", "", "m", 1.0, None, "", HOLDS, "", 1, direction="sideways")
     v = judge_at_least("C2", "fraction", est(0.7, 0.6, 0.8), 0.5, ">=0.5", "cpu", 1)
-    back = Verdict.from_dict(json.loads(json.dumps(v.to_dict())))
-    assert back == v
+    d = json.loads(json.dumps(v.to_dict()))
+    assert {"n", "threshold", "direction", "role", "unit"} <= set(d)
+    assert Verdict.from_dict(d) == v
 
 
 def test_tables_render(tmp_path):
-    vs = [judge_at_least("C1", "R^2", 0.999, 0.99, ">=0.99", "cpu", 1),
-          judge_at_most("C6", "exponent", est(1.9, 1.8, 2.0), 1.2, "<2", "", 6)]
+    vs = [judge_at_least("C1", "R^2", est(0.999, 0.998, 0.9995), 0.99, ">=0.99", "cpu", 1),
+          judge_at_most("C6", "exponent", est(1.9, 1.8, 2.0, 5), 1.2, "<2", "", 6, unit="repeats")]
     html = verdict_table(vs).to_html()
     assert "verdict-table" in html and "does not hold" in html and "#f8d4d4" in html
     assert list(verdict_frame(vs)["verdict"]) == [HOLDS, FAILS]
     assert "C6" in verdict_text(vs)
-    assert format_measured(1.23456, (1.0, 1.5)) == "1.235 [1, 1.5]"
+    assert format_measured(1.23456, (1.0, 1.5), 12) == "1.235 [1, 1.5] (n=12)"
     assert format_measured(0.99974, None) == "0.9997"  # an R^2 must not round to 1
     (tmp_path / "ch06.json").write_text(json.dumps({"chapter": 6, "verdicts": [vs[1].to_dict()]}))
     (tmp_path / "ch01.json").write_text(json.dumps({"chapter": 1, "verdicts": [vs[0].to_dict()]}))

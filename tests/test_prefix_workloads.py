@@ -82,3 +82,27 @@ def test_replay_reproduces_the_decoder_and_evicts_under_pressure():
     assert replay_hits(seqs, block_size=4, num_blocks=ws)["evicted_blocks"] == 0
     small = replay_hits(seqs, block_size=4, num_blocks=ws // 2)
     assert small["evicted_blocks"] > 0 and small["hit_tokens"] <= sum(hits)
+
+
+def test_judge_c4_holds_only_where_the_pool_holds_the_working_set():
+    import pandas as pd
+
+    from studylib.claims import CONDITIONAL, FAILS, HOLDS
+    from studylib.experiments import ch04_prefix_cache as ch04
+
+    summary = pd.DataFrame([
+        {"workload": "system_prompt", "hit / optimal": 1.0, "all identical": True, "TTFT speedup": 19.0,
+         "TTFT speedup CI": (18.0, 20.0)},
+        {"workload": "no_sharing", "hit / optimal": float("nan"), "all identical": True, "TTFT speedup": 1.0,
+         "TTFT speedup CI": (0.95, 1.05)}])
+
+    def curve(small_ratio):
+        return pd.DataFrame({"workload": "multi_turn", "fraction of working set": [0.5, 1.0, 1.25],
+                             "hit / optimal": [small_ratio, 1.0, 1.0]})
+
+    rows = ch04.judge_c4(summary, curve(1.0), None, "c")
+    assert rows[0].role == "decision" and rows[0].verdict == HOLDS and len(rows) == 4
+    rows = ch04.judge_c4(summary, curve(0.31), None, "c")  # LRU below the working set: hits collapse
+    assert rows[0].verdict == CONDITIONAL and "pool < working set (does not hold)" in rows[1].conditions
+    changed = summary.assign(**{"all identical": [False, True]})
+    assert ch04.judge_c4(changed, curve(1.0), None, "c")[0].verdict == FAILS  # outputs must never change

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -342,3 +343,44 @@ def test_chapter_helpers_read_the_numbers(tmp_path):
         {"method": "speculative:distilled", "alpha": 0.6}, {"method": "prompt-lookup", "alpha": 0.2}]}}))
     spec = inter.speculative_inputs(staging, 0.7, 4, 0.1)
     assert spec["alpha"] == 0.6 and "ch02.json" in spec["source"]
+
+
+def test_speculative_inputs_read_chapter_2s_distilled_draft_only(tmp_path):
+    from studylib.experiments import ch05_interplay as inter
+
+    staging = tmp_path / ".staging" / "ch05"
+    staging.mkdir(parents=True)
+    (tmp_path / "ch02.json").write_text(json.dumps({"measurements": {
+        "overall": [{"method": "sps:distilled@4", "alpha": 0.17}, {"method": "sps:self:4@4", "alpha": 0.94},
+                    {"method": "pld@8,3", "alpha": 0.56}],
+        "draft_table": [{"draft": "target", "measured_c": 1.0}, {"draft": "distilled", "measured_c": 0.157}]}}))
+    spec = inter.speculative_inputs(staging, 0.7, 4, 0.1)
+    assert spec["alpha"] == 0.17  # not the median with self-speculation's 0.94
+    assert spec["draft_cost"] == 0.157 and "measured_c" in spec["source"]
+
+
+def test_c5_needs_both_gains_and_c8_is_measured_per_repeat():
+    from studylib.claims import FAILS, HOLDS, INCONCLUSIVE
+    from studylib.experiments import ch05_batching as ch05
+    from studylib.experiments import ch05_interplay as inter
+
+    def runs(repeats, seq, static, cont, radix_ttft=0.5, radix_tpot=1.0):
+        rng = np.random.default_rng(0)
+        rows = []
+        for k in range(repeats):
+            for arm, t in (("sequential", seq), ("static", static), ("continuous", cont), ("continuous+radix", cont)):
+                j = 1 + 0.01 * rng.standard_normal()
+                rows.append({"arm": arm, "rate": math.inf, "repeat": k, "throughput_tok_s": t * j,
+                             "ttft_p50_s": (radix_ttft if arm.endswith("radix") else 1.0) * j,
+                             "tpot_p50_s": (radix_tpot if arm.endswith("radix") else 1.0) * j})
+        return pd.DataFrame(rows)
+
+    good = runs(5, 10.0, 20.0, 40.0)
+    rows = ch05.judge_c5(ch05.saturation_gains(good), None, "c")
+    assert rows[0].verdict == HOLDS and [r.n for r in rows[1:]] == [5, 5]
+    slow = runs(5, 10.0, 60.0, 40.0)  # continuous loses to static
+    assert ch05.judge_c5(ch05.saturation_gains(slow), None, "c")[0].verdict == FAILS
+    assert ch05.judge_c5(ch05.saturation_gains(runs(2, 10.0, 20.0, 40.0)), None, "c")[0].verdict == INCONCLUSIVE
+    c8 = inter.judge_c8(good, "c")
+    assert c8[0].verdict == HOLDS and c8[1].n == 5
+    assert inter.judge_c8(runs(5, 1, 1, 1, radix_ttft=1.0, radix_tpot=0.5), "c")[0].verdict == FAILS

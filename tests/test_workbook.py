@@ -16,7 +16,7 @@ import studylib.claims as claims
 from studylib.workbook import save_chapter
 if fail:
     raise ValueError("boom from chapter {n}")
-v = claims.judge_at_least("C1", "R^2", r2, 0.99, ">= 0.99", f"model={{model}}", {n})
+v = claims.judge_at_least("C1", "R^2", (r2, r2 - 5e-4, r2 + 5e-4, 10), 0.99, ">= 0.99", f"model={{model}}", {n})
 save_chapter(chapter={n}, title="Toy chapter {n}", verdicts=[v], measurements={{"r2": r2, "model": model}},
              out_dir=out_dir, params={{"model": model}})
 """
@@ -173,11 +173,14 @@ def test_claims_cli_reads_the_reports(tmp_path, capsys):
     from studylib.claims import judge_at_least
     from studylib.cli import main
 
-    save_chapter(1, "t", [judge_at_least("C1", "R^2", 0.999, 0.99, ">=0.99", "", 1)], {}, tmp_path, display=False)
+    r2 = (0.999, 0.998, 0.9995, 10)  # value, CI, n prompts
+    save_chapter(1, "t", [judge_at_least("C1", "R^2", r2, 0.99, ">=0.99", "", 1)], {}, tmp_path, display=False)
     assert main(["claims", "--dir", str(tmp_path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert rows[0]["id"] == "C1" and rows[0]["verdict"] == "holds" and rows[0]["chapter"] == 1
-    assert set(rows[0]) == {"id", "claim", "metric", "measured", "ci", "claimed", "verdict", "conditions", "chapter"}
+    assert set(rows[0]) == {"id", "claim", "metric", "measured", "ci", "claimed", "verdict", "conditions", "chapter",
+                            "n", "threshold", "direction", "role", "unit"}
+    assert rows[0]["n"] == 10 and rows[0]["threshold"] == 0.99 and rows[0]["direction"] == "at_least"
     assert main(["claims", "--dir", str(tmp_path / "nothing")]) == 2  # no chNN.json there: one-line error
 
 
@@ -203,15 +206,18 @@ def test_kernel_choice_prefers_a_studylib_kernel_of_this_interpreter(monkeypatch
     assert kernel_for_this_python() == "python3"
 
 
-def test_index_leads_with_chapter_7_and_lists_every_verdict(tmp_path):
-    from studylib.claims import judge_at_least
+def test_index_leads_with_one_line_per_claim_and_lists_every_verdict(tmp_path):
+    from studylib.claims import decide_parts, judge_at_least
     from studylib.workbook.render import write_index
 
-    save_chapter(7, "Combined", [judge_at_least("C7", "latency reduction", 3.0, 10.0, ">10x", "cpu", 7)], {},
-                 tmp_path, display=False)
-    save_chapter(1, "Baseline", [judge_at_least("C1", "R^2", 0.999, 0.99, ">=0.99", "cpu", 1)], {},
-                 tmp_path, display=False)
+    lat = judge_at_least("C7", "latency reduction", (3.0, 2.5, 3.5, 10), 10.0, ">10x", "cpu", 7)
+    q = judge_at_least("C7", "quality", (1.0, 1.0, 1.0, 10), 0.99, ">99%", "cpu", 7)
+    save_chapter(7, "Combined", decide_parts("C7", "all at once", [q, lat], "", "cpu", 7), {}, tmp_path,
+                 display=False)
+    save_chapter(1, "Baseline", [judge_at_least("C1", "R^2", (0.999, 0.998, 0.9995, 10), 0.99, ">=0.99", "cpu", 1)],
+                 {}, tmp_path, display=False)
     index = {"profile": "cpu", "updated": "now", "chapters": {"1": {"status": "ok", "seconds": 12.0}}}
     page = write_index(tmp_path, index, {}).read_text()
-    assert page.index("Headline claims (chapter 7)") < page.index("Chapters") < page.index("Every verdict")
+    assert page.index("The claims, one line each") < page.index("Chapters") < page.index("Every verdict")
     assert "C7: does not hold" in page and "C1: holds" in page and "12 s" in page
+    assert "C7: holds" not in page  # the quality part gets no badge of its own

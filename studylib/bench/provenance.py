@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import os
 import platform
 import subprocess
@@ -10,14 +11,70 @@ from importlib import metadata
 from pathlib import Path
 
 PACKAGES = ("studylib", "torch", "transformers", "triton", "numpy", "scipy", "papermill")
+# The /proc/cpuinfo flags that decide which CPU kernels are fast (bf16 arithmetic, wide FMA, AMX tiles).
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _git(*args: str) -> str:
     try:
-        root = Path(__file__).resolve().parents[2]
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=5).stdout.strip()
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=5).stdout.strip()
     except Exception:
         return ""
+
+
+def git_state() -> tuple[str, bool]:
+    """(the full 40-hex HEAD commit or "unknown", whether tracked files differ from it)."""
+    commit = _git("rev-parse", "HEAD")
+    if not commit:
+        return "unknown", False
+    return commit, bool(_git("status", "--porcelain", "--untracked-files=no"))
+
+
+def commit_label(prov: dict) -> str:
+    """The commit for a reader: 12 hex digits, plus " (dirty tree)" when the tracked files had changes.
+    Also reads the old format, where a dirty tree was a "+dirty" suffix on ``git_commit``."""
+    commit = str(prov.get("git_commit") or "unknown")
+    dirty = bool(prov.get("git_dirty")) or commit.endswith("+dirty")
+    commit = commit.removesuffix("+dirty")
+    return commit[:12] + (" (dirty tree)" if dirty else "")
+
+
+def constraints_sha256(path: str | Path | None = None) -> str | None:
+    """sha256 of the repository's constraints.txt (the pinned environment), None if there is none."""
+    try:
+        return hashlib.sha256(Path(path or REPO_ROOT / "constraints.txt").read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def cpu_isa(cpuinfo: str | None = None) -> dict:
+    """The ISA extensions among ``ISA_FLAGS`` this CPU has, and a one-word label of the best of them
+    (amx_bf16 > avx512_bf16 > avx512 > avx2 > baseline). ``cpuinfo``: /proc/cpuinfo's text (for tests)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    have: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "flags":
+            have = set(value.split())
+            break
+    flags = [f for f in ISA_FLAGS if f in have]
+    if {"amx_bf16", "amx_tile"} <= have:
+        label = "amx_bf16"
+    elif "avx512_bf16" in have:
+        label = "avx512_bf16"
+    elif "avx512f" in have:
+        label = "avx512"
+    elif "avx2" in have:
+        label = "avx2"
+    else:
+        label = "baseline"
+    return {"label": label, "flags": flags}
 
 
 def cpu_model() -> str:
@@ -50,14 +107,17 @@ def provenance(**params: object) -> dict:
         except metadata.PackageNotFoundError:
             versions[pkg] = None
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    commit, dirty = git_state()
     return {
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "git_commit": (_git("rev-parse", "HEAD") or "unknown") + ("+dirty" if dirty else ""),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "constraints_sha256": constraints_sha256(),
         "versions": versions,
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu": cpu_model(),
+        "isa": cpu_isa(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "gpu": gpu,

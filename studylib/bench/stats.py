@@ -1,4 +1,11 @@
-"""Medians with bootstrap confidence intervals, for single quantities and for paired ratios."""
+"""Medians with bootstrap confidence intervals, for single quantities and for paired ratios.
+
+A CI is a bootstrap over independent units: prompts, requests, documents, or whole-run repeats. When
+one unit was measured several times (repeats of one prompt), pass ``units``: the repeats are averaged
+into one value per unit before resampling (a two-level, hierarchical bootstrap that resamples units),
+so that 4 prompts x 2 repeats count as 4 units, not 8. With fewer than 2 units there is no CI: the
+interval is NaN, and the verdict rules (``studylib.claims``) refuse to decide on it.
+"""
 
 from __future__ import annotations
 
@@ -31,8 +38,10 @@ def bootstrap_ci(
     samples: Sequence[float], statistic: Callable = np.median, confidence: float = 0.95, seed: int = 0
 ) -> tuple[float, float]:
     data = np.asarray(samples, dtype=float)
-    if data.size < 2 or np.all(data == data[0]):
-        v = float(statistic(data)) if data.size else float("nan")
+    if data.size < 2:
+        return float("nan"), float("nan")
+    if np.all(data == data[0]):
+        v = float(statistic(data))
         return v, v
     res = stats.bootstrap(
         (data,), statistic, confidence_level=confidence, n_resamples=2000,
@@ -41,24 +50,44 @@ def bootstrap_ci(
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
-def estimate(samples: Sequence[float], statistic: Callable = np.median) -> Estimate:
-    data = [float(x) for x in samples]
+def unit_means(samples: Sequence[float], units: Sequence | None) -> np.ndarray:
+    """One value per unit: the mean of that unit's repeats, in order of first appearance."""
+    data = np.asarray(samples, dtype=float)
+    if units is None:
+        return data
+    units = list(units)
+    if len(units) != data.size:
+        raise ValueError(f"units has {len(units)} labels for {data.size} samples")
+    order = list(dict.fromkeys(units))
+    index = {u: i for i, u in enumerate(order)}
+    sums, counts = np.zeros(len(order)), np.zeros(len(order))
+    for u, x in zip(units, data, strict=True):
+        sums[index[u]] += x
+        counts[index[u]] += 1
+    return sums / counts
+
+
+def estimate(samples: Sequence[float], statistic: Callable = np.median, units: Sequence | None = None) -> Estimate:
+    """``statistic`` of the samples with a 95% bootstrap CI; ``n`` counts units (see the module doc)."""
+    data = [float(x) for x in unit_means(samples, units)]
     lo, hi = bootstrap_ci(data, statistic)
     return Estimate(float(statistic(np.asarray(data))) if data else float("nan"), lo, hi, len(data), data)
 
 
-def ratio_estimate(baseline: Sequence[float], treated: Sequence[float], seed: int = 0) -> Estimate:
+def ratio_estimate(baseline: Sequence[float], treated: Sequence[float], seed: int = 0,
+                   units: Sequence | None = None) -> Estimate:
     """Speedup = baseline / treated for paired measurements (same prompt, same run).
 
     The CI resamples the pairs and takes the ratio of medians, so prompts of different difficulty
-    are never mixed up across the two arms.
+    are never mixed up across the two arms. ``units`` labels the pairs' units: repeats of one unit are
+    averaged (in each arm) into one pair first.
     """
-    b, t = np.asarray(baseline, float), np.asarray(treated, float)
-    if b.shape != t.shape:
+    if len(baseline) != len(treated):
         raise ValueError("ratio_estimate needs paired samples of equal length")
-    point = float(np.median(b) / np.median(t))
+    b, t = unit_means(baseline, units), unit_means(treated, units)
+    point = float(np.median(b) / np.median(t)) if b.size else float("nan")
     if b.size < 2:
-        return Estimate(point, point, point, int(b.size), (b / t).tolist())
+        return Estimate(point, float("nan"), float("nan"), int(b.size), (b / t).tolist())
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, b.size, size=(2000, b.size))
     boots = np.median(b[idx], axis=1) / np.median(t[idx], axis=1)

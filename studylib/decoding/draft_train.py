@@ -119,6 +119,27 @@ class _Deadline:
 # ---------------------------------------------------------------------------------------------- data
 
 
+def _load_work(path: Path) -> dict | None:
+    """A work file (data.pt, ckpt.pt) with ``torch.load(weights_only=True)``: tensors and plain
+    containers only, so a tampered cache file cannot run code. Files of older versions pickled
+    ``draft_data.Sequence`` objects; that one plain dataclass is allowed in, nothing else."""
+    from studylib.decoding.draft_data import Sequence
+
+    with torch.serialization.safe_globals([Sequence]):
+        return torch.load(path, weights_only=True)
+
+
+def _seqs_to_plain(seqs: list) -> list[dict]:
+    return [{"ids": s.ids, "prompt_len": int(s.prompt_len), "top_idx": s.top_idx, "top_logp": s.top_logp}
+            for s in seqs]
+
+
+def _seqs_from_plain(rows: list) -> list:
+    from studylib.decoding.draft_data import Sequence
+
+    return [r if isinstance(r, Sequence) else Sequence(**r) for r in rows]
+
+
 def _make_data(cfg: DraftTrainConfig, target, tok, work: Path, deadline: _Deadline) -> tuple[list, bool]:
     """Generate (or resume generating) the distillation set; returns (sequences, complete)."""
     from studylib.decoding.common import eos_set
@@ -127,7 +148,9 @@ def _make_data(cfg: DraftTrainConfig, target, tok, work: Path, deadline: _Deadli
     from studylib.sampling import SamplingParams
 
     path, key = work / "data.pt", cfg.key(*DATA_FIELDS)
-    state = torch.load(path, weights_only=False) if path.exists() and not cfg.fresh else None
+    state = _load_work(path) if path.exists() and not cfg.fresh else None
+    if state is not None:
+        state["seqs"] = _seqs_from_plain(state["seqs"])
     if state is None or state.get("key") != key:
         prompts = chat_prompts(tok) if "chat" in cfg.sources else []
         if "self" in cfg.sources:
@@ -148,7 +171,7 @@ def _make_data(cfg: DraftTrainConfig, target, tok, work: Path, deadline: _Deadli
                                             cfg.store_top_k, eos)
             state["done"] += len(chunk)
             bar.update(len(chunk))
-            torch.save(state, path)
+            torch.save({**state, "seqs": _seqs_to_plain(state["seqs"])}, path)
     return state["seqs"], state["done"] >= len(tasks)
 
 
@@ -318,7 +341,7 @@ def train_draft(cfg: DraftTrainConfig, loaded: tuple | None = None) -> dict:
     val = [s for s, h in zip(seqs, held, strict=True) if h] or seqs[::20]
     train = [s for s, h in zip(seqs, held, strict=True) if not h] or seqs
     ckpt_path, key = work / "ckpt.pt", cfg.key(*TRAIN_FIELDS)
-    ckpt = torch.load(ckpt_path, weights_only=False) if ckpt_path.exists() and not cfg.fresh else None
+    ckpt = _load_work(ckpt_path) if ckpt_path.exists() and not cfg.fresh else None
     if ckpt is not None and ckpt.get("key") != key:
         ckpt = None
     keep, init_info = (ckpt["keep"], ckpt["init_info"]) if ckpt else _choose_init_layers(cfg, target, seqs)

@@ -27,7 +27,13 @@ class GenerationResult:
 
     @property
     def compression(self) -> float:
-        """New tokens per target forward after prefill (1.0 for autoregressive decoding)."""
+        """New tokens per target forward after prefill: ``new_tokens / (target_forwards - 1)``.
+
+        The prefill forward is left out of the denominator, but the token it yields is counted in the
+        numerator, so autoregressive decoding of n tokens (n forwards: the prefill, then n - 1 decode
+        steps) gives n / (n - 1), e.g. 64/63 = 1.016, not 1.0; it tends to 1.0 for long outputs, and a
+        single token (one forward) gives 1.0 (the denominator is clamped to 1). Compare methods at the
+        same output length, or use ``tokens_per_step`` (exactly 1.0 for AR once it takes a decode step)."""
         return self.new_tokens / max(self.target_forwards - 1, 1)
 
     def to_dict(self) -> dict[str, Any]:

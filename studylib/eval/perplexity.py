@@ -66,3 +66,36 @@ def perplexity(model, token_ids, chunk: int = 256, kv_factory: KVFactory | None 
         nll[s : s + n] = F.cross_entropy(logits, ids[s + 1 : s + n + 1], reduction="none").cpu()
     mean = float(nll.mean())
     return PerplexityResult(ppl=math.exp(mean), nll=mean, tokens=T - 1, token_nll=nll)
+
+
+@torch.inference_mode()
+def compare_to_dense(model, token_ids, factories: dict[str, KVFactory], chunk: int = 256) -> dict[str, dict]:
+    """Teacher-forced pass of ``token_ids`` under a dense cache and under each named cache, in lockstep
+    chunk by chunk, so each chunk's two distributions can be compared without storing T x vocab logits.
+
+    Returns per name: ``nll`` (T-1,) per-token NLL, ``kl`` the mean KL(dense || name) per predicted
+    token in nats, ``top1`` the share of positions where both argmaxes agree; "dense" has its own nll.
+    These are the llama.cpp community's measures of a lossy change (beside the perplexity ratio)."""
+    ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
+    T = int(ids.numel())
+    if T < 2:
+        raise StudylibError("compare_to_dense needs at least 2 tokens.")
+    cfg, device = model.config, model.device
+    caches = {"dense": _dense(cfg, T, device, model.dtype)}
+    caches.update({k: f(cfg, T, device, model.dtype) for k, f in factories.items()})
+    ids = ids.to(device)
+    out = {k: {"nll": torch.empty(T - 1), "kl_sum": 0.0, "top1_sum": 0} for k in caches}
+    for s in range(0, T - 1, chunk):
+        n = min(chunk, T - 1 - s)
+        x, y = ids[s : s + n][None], ids[s + 1 : s + n + 1]
+        ref = None
+        for k, kv in caches.items():
+            logp = F.log_softmax(model.forward(x, kv.begin(n), logits="all").logits[0].float(), -1)  # (n, V)
+            out[k]["nll"][s : s + n] = -logp.gather(1, y[:, None])[:, 0].cpu()
+            if k == "dense":
+                ref = logp
+                continue
+            out[k]["kl_sum"] += float((ref.exp() * (ref - logp)).sum())
+            out[k]["top1_sum"] += int((ref.argmax(-1) == logp.argmax(-1)).sum())
+    return {k: {"nll": v["nll"], "kl": v["kl_sum"] / (T - 1), "top1": v["top1_sum"] / (T - 1)}
+            for k, v in out.items()}

@@ -17,7 +17,7 @@ import torch
 
 from studylib.bench.roofline import decode_bytes_per_step, decode_flops_per_step, dtype_bytes
 from studylib.bench.stats import estimate
-from studylib.claims import Verdict, judge_all
+from studylib.claims import CLAIMS, Verdict, decide_parts, judge_at_least, judge_at_most, judge_checks
 from studylib.decoding.common import Stopwatch
 from studylib.errors import StudylibError
 from studylib.models import DenseKVCache, LlamaModel
@@ -40,42 +40,55 @@ def _random_ids(cfg: ModelConfig, batch: int, length: int, seed: int, device: to
 
 
 @torch.inference_mode()
-def latency_curve(model: LlamaModel, prompt_ids: Sequence[int], max_new_tokens: int, repeats: int = 3) -> pd.DataFrame:
-    """Time at which the n-th generated token is ready, for n = 1..max_new_tokens, per repeat.
+def _timed_greedy(model: LlamaModel, prompt_ids: Sequence[int], new_tokens: int) -> float:
+    """Seconds for one whole generation of exactly ``new_tokens`` greedy tokens (prefill included).
 
-    A plain greedy loop that never stops at EOS, so every repeat takes exactly ``max_new_tokens``
-    steps: latency is then a function of the step count alone, which is what C1 is about.
-    """
+    A plain loop that never stops at EOS, so the step count is the only thing that varies with
+    ``new_tokens``: latency is then a function of the step count alone, which is what C1 is about."""
+    cache = DenseKVCache(model.config, 1, len(prompt_ids) + new_tokens, model.device, model.dtype)
+    ids = torch.as_tensor([list(prompt_ids)], device=model.device)  # (1, T)
+    clock = Stopwatch(model.device)
+    logits = model(ids, cache.begin(ids.shape[1]), logits="last").logits[:, -1]  # (1, V)
+    for _ in range(new_tokens - 1):
+        tok = logits.argmax(-1, keepdim=True)  # (1, 1)
+        logits = model(tok, cache.begin(1), logits="last").logits[:, -1]
+    logits.argmax(-1)
+    return clock.elapsed()
+
+
+def latency_by_length(model: LlamaModel, prompts: Sequence[Sequence[int]], lengths: Sequence[int]) -> pd.DataFrame:
+    """End-to-end seconds of separate generations of each length in ``lengths``, for every prompt.
+
+    Each (prompt, length) is its own generation, so a point's noise is independent of the others (a
+    curve of cumulative timestamps inside one generation is linear by construction and proves
+    nothing). The order of the lengths rotates from prompt to prompt so drift in machine load falls
+    on every length alike."""
+    if len(lengths) < 3:
+        raise StudylibError("C1's fit needs at least three output lengths; give `lengths` three or more values.")
+    _timed_greedy(model, prompts[0], 2)  # warm-up: allocations and kernel selection stay out of the timings
     rows = []
-    for r in range(repeats + 1):  # the first pass is a warm-up and is not recorded
-        cache = DenseKVCache(model.config, 1, len(prompt_ids) + max_new_tokens, model.device, model.dtype)
-        ids = torch.as_tensor([list(prompt_ids)], device=model.device)  # (1, T)
-        clock = Stopwatch(model.device)
-        logits = model(ids, cache.begin(ids.shape[1]), logits="last").logits[:, -1]  # (1, V)
-        for n in range(1, max_new_tokens + 1):
-            tok = logits.argmax(-1, keepdim=True)  # (1, 1)
-            if r:
-                rows.append({"new_tokens": n, "seconds": clock.now() - clock.t0, "repeat": r})
-            if n < max_new_tokens:
-                logits = model(tok, cache.begin(1), logits="last").logits[:, -1]
+    for i, ids in enumerate(prompts):
+        order = list(lengths[i % len(lengths):]) + list(lengths[:i % len(lengths)])
+        for n in order:
+            rows.append({"prompt": i, "new_tokens": int(n), "seconds": _timed_greedy(model, ids, int(n))})
     return pd.DataFrame(rows)
 
 
 def fit_latency(curve: pd.DataFrame) -> dict:
-    """Least-squares line seconds = intercept + slope * new_tokens, fitted per repeat.
+    """Least-squares line seconds = intercept + slope * new_tokens, fitted per prompt.
 
-    Per repeat, because the prompt's prefill time shifts a whole repeat up or down; pooling repeats
-    would count that shift against linearity. Reports the median R^2 and slope over repeats, with
-    the slope's bootstrap CI.
-    """
+    Per prompt, because the prompt's prefill shifts its whole line up or down; pooling prompts would
+    count that shift against linearity. The R^2 and the slope are estimates over prompts (median with a
+    bootstrap CI, n = prompts), which is what the C1 rule judges."""
     from scipy.stats import linregress
 
-    fits = [linregress(g["new_tokens"], g["seconds"]) for _, g in curve.groupby("repeat")]
+    fits = [linregress(g["new_tokens"], g["seconds"]) for _, g in curve.groupby("prompt")]
     slope = estimate([f.slope * 1e3 for f in fits])
-    r2 = [f.rvalue**2 for f in fits]
+    r2 = estimate([f.rvalue**2 for f in fits])
     return {"slope_ms_per_token": slope.value, "slope_ci_ms": [slope.ci_low, slope.ci_high],
-            "intercept_ms": float(np.median([f.intercept * 1e3 for f in fits])), "r2": float(np.median(r2)),
-            "r2_min": float(min(r2)), "repeats": len(fits), "points": len(curve)}
+            "intercept_ms": float(np.median([f.intercept * 1e3 for f in fits])), "r2": r2.value,
+            "r2_estimate": r2.to_dict(), "r2_min": float(min(r2.samples)), "prompts": len(fits),
+            "lengths": sorted(int(x) for x in curve["new_tokens"].unique()), "points": len(curve)}
 
 
 @torch.inference_mode()
@@ -84,24 +97,39 @@ def step_time_vs_batch(model: LlamaModel, batches: Sequence[int], context: int, 
     """Seconds of one decode step for B sequences at a fixed context of ``context`` tokens.
 
     The cache is filled with random keys/values instead of a real prefill: the step's cost depends on
-    the cache's size, not its contents, and a 32 x context prefill would dominate the run time.
-    """
-    rows = []
+    the cache's size, not its contents, and a 32 x context prefill would dominate the run time. The
+    batch sizes are interleaved within each repeat (in an order that rotates per repeat), so a repeat is
+    one unit in which every batch size was measured under the same machine state."""
+    caches, toks = {}, {}
     for b in batches:
         cache = DenseKVCache(model.config, b, context + 1, model.device, model.dtype)
         for t in cache.k + cache.v:
             t.normal_()
         cache.begin(context)
-        tok = _random_ids(model.config, b, 1, seed, model.device)  # (B, 1)
-        for r in range(repeats + 1):
+        caches[b], toks[b] = cache, _random_ids(model.config, b, 1, seed, model.device)  # (B, 1)
+    rows = []
+    for r in range(repeats + 1):  # r == 0 warms up every batch size's kernels
+        k = r % len(batches)
+        for b in list(batches[k:]) + list(batches[:k]):
+            cache = caches[b]
             cache.truncate(context)
             clock = Stopwatch(model.device)
-            model(tok, cache.begin(1), logits="last")
-            if r:  # r == 0 warms up this batch size's kernels
+            model(toks[b], cache.begin(1), logits="last")
+            if r:
                 rows.append({"batch": b, "step_s": clock.elapsed(), "repeat": r})
     df = pd.DataFrame(rows)
     df["tokens_per_s"] = df["batch"] / df["step_s"]
     return df
+
+
+def step_growth(steps: pd.DataFrame, batch: int):
+    """Estimate (CI over repeats) of one step's time at ``batch`` over its time at batch 1, paired by
+    repeat."""
+    from studylib.bench.stats import ratio_estimate
+
+    one = steps[steps["batch"] == 1].set_index("repeat")["step_s"]
+    b = steps[steps["batch"] == batch].set_index("repeat")["step_s"].reindex(one.index)
+    return ratio_estimate(b.to_numpy(), one.to_numpy())
 
 
 def batch_scaling(steps: pd.DataFrame) -> pd.DataFrame:
@@ -201,44 +229,49 @@ def kv_memory(cfg: ModelConfig, contexts: Sequence[int], batches: Sequence[int],
     return df
 
 
-def judge_c1(fit: dict, scaling: pd.DataFrame, conditions: str, small_batch: int = 4,
-             r2_threshold: float = 0.99) -> Verdict:
-    """C1 holds if latency is linear in the step count (median R^2 >= 0.99) AND the step is memory-bound
-    at small batch: B sequences per step (the largest swept B <= ``small_batch``) cost less than B/2
-    single steps."""
-    multi = scaling[scaling["batch"] > 1]
-    if multi.empty:
-        raise StudylibError("the batch sweep needs a batch size above 1 to judge C1; add one to `batches`.")
-    small = multi[multi["batch"] <= small_batch]
-    row = small.iloc[-1] if len(small) else multi.iloc[0]
-    b, growth = int(row["batch"]), float(row["time_vs_batch1"])
-    checks = {
-        f"latency linear in output length (median R² = {fit['r2']:.4f} >= {r2_threshold})":
-            fit["r2"] >= r2_threshold,
-        f"memory-bound at batch {b} (step time x{growth:.2f} vs batch 1, < x{b / 2:g})": growth < b / 2,
-    }
-    return judge_all("C1", "R² of latency vs. output length (median over repeats)", checks,
-                     f"linear (R² >= {r2_threshold})", conditions, chapter=1, measured=fit["r2"])
+def judge_c1(fit: dict, steps: pd.DataFrame, conditions: str, small_batch: int = 4,
+             r2_threshold: float = 0.99) -> list[Verdict]:
+    """C1 has two parts that must both hold: latency is linear in the step count (R^2 of the per-prompt
+    fit >= 0.99, CI over prompts from separate generations) AND the step is memory-bound at small batch:
+    B sequences per step (the largest swept B <= ``small_batch``) cost less than B/2 single steps (CI
+    over interleaved repeats)."""
+    multi = sorted(b for b in steps["batch"].unique() if b > 1)
+    if not multi or 1 not in set(steps["batch"]):
+        raise StudylibError("the batch sweep needs batch 1 and a batch size above 1 to judge C1; add them to "
+                            "`batches`.")
+    small = [b for b in multi if b <= small_batch]
+    b = int(small[-1] if small else multi[0])
+    linear = judge_at_least("C1", "R² of latency vs. output length (per-prompt fit, separate generations)",
+                            fit["r2_estimate"], r2_threshold, f"linear (R² ≥ {r2_threshold})", conditions,
+                            chapter=1, unit="prompts")
+    bound = judge_at_most("C1", f"step time at batch {b} / batch 1 (memory-bound if < {b / 2:g})",
+                          step_growth(steps, b), b / 2, "a step costs about the same for a few sequences",
+                          conditions, chapter=1, unit="repeats")
+    return decide_parts("C1", "latency linear in steps AND the step memory-bound", [linear, bound],
+                        CLAIMS["C1"].decides.split(";")[0], conditions, chapter=1)
 
 
 def judge_c2(fraction, points: pd.DataFrame, probe: dict, kv: pd.DataFrame, conditions: str,
-             min_fraction: float = 0.5, kv_tolerance: float = 0.1) -> Verdict:
-    """C2 holds if at batch 1 (a) the step's arithmetic intensity is below the machine's ridge point (so
-    arithmetic cannot be the limit), (b) the measured step moves its weights + KV at >= ``min_fraction``
-    of the measured bandwidth (memory traffic explains most of the time), and (c) the KV cache's measured
+             min_fraction: float = 0.5, kv_tolerance: float = 0.1) -> list[Verdict]:
+    """C2 has three parts, all needed: at batch 1 (a) the step's arithmetic intensity is below the
+    machine's ridge point (so arithmetic cannot be the limit); (b) the measured step moves its weights +
+    KV at >= ``min_fraction`` of the measured bandwidth (CI over repeats); (c) the KV cache's measured
     memory matches the formula within ``kv_tolerance`` (held state grows with context and batch)."""
     intensity_b1, ridge = float(points["intensity"].iloc[0]), probe["ridge_flop_per_byte"]
     big = kv[kv["formula_bytes"] >= 32e6]  # small buffers are below the resident-memory resolution
     ratio = (big if len(big) else kv)["measured_over_formula"]
-    checks = {
-        f"batch-1 intensity {intensity_b1:.2g} FLOP/B below the ridge {ridge:.3g} FLOP/B": intensity_b1 < ridge,
-        f"batch-1 step reaches {fraction.value:.0%} of measured bandwidth (>= {min_fraction:.0%})":
-            fraction.ci_low >= min_fraction,
-        f"KV memory = formula within {kv_tolerance:.0%} (measured/formula {ratio.min():.2f}-{ratio.max():.2f})":
-            bool(((ratio - 1).abs() <= kv_tolerance).all()),
-    }
-    return judge_all("C2", "achieved fraction of memory bandwidth, batch 1", checks,
-                     "memory traffic (weights + KV) dominates", conditions, chapter=1, measured=fraction)
+    intensity = judge_checks("C2", "batch-1 arithmetic intensity below the ridge point", {
+        f"{intensity_b1:.2g} FLOP/B < ridge {ridge:.3g} FLOP/B": intensity_b1 < ridge}, "memory-bound by shape",
+        conditions, chapter=1)
+    traffic = judge_at_least("C2", "achieved fraction of memory bandwidth, batch 1", fraction, min_fraction,
+                             f"memory traffic explains ≥ {min_fraction:.0%} of the step", conditions, chapter=1,
+                             unit="repeats")
+    held = judge_checks("C2", "KV-cache memory follows the formula", {
+        f"measured/formula {ratio.min():.2f}-{ratio.max():.2f} within {kv_tolerance:.0%}":
+            bool(((ratio - 1).abs() <= kv_tolerance).all())}, "held state grows with context x batch",
+        conditions, chapter=1)
+    return decide_parts("C2", "memory traffic and held state dominate", [intensity, traffic, held],
+                        "memory traffic (weights + KV) dominates", conditions, chapter=1)
 
 
 def probe_machine(device: str, dtype: str, mbytes: int = 256, repeats: int = 3) -> dict:

@@ -17,11 +17,15 @@ from studylib.models.config import ModelConfig
 
 
 def explain_latency(fit: dict) -> str:
-    linear = "a straight line" if fit["r2"] >= 0.99 else "not quite a straight line"
+    r2 = fit["r2_estimate"]
+    linear = "a straight line" if r2["ci_low"] >= 0.99 else "not clearly a straight line"
     lo, hi = fit["slope_ci_ms"]
-    return (f"Latency is {linear} in the number of generated tokens (median R² over {fit['repeats']} repeats "
-            f"= {fit['r2']:.4f}, lowest {fit['r2_min']:.4f}): each token costs {fit['slope_ms_per_token']:.1f} ms "
-            f"[{lo:.1f}, {hi:.1f}], on top of a fixed {fit['intercept_ms']:.0f} ms for the prompt.")
+    lengths = ", ".join(str(x) for x in fit["lengths"])
+    return (f"Latency is {linear} in the number of generated tokens: over {fit['prompts']} prompts, each "
+            f"generated separately at {lengths} tokens, the per-prompt fit has median R² {r2['value']:.4f} "
+            f"[{r2['ci_low']:.4f}, {r2['ci_high']:.4f}] (lowest {fit['r2_min']:.4f}); each token costs "
+            f"{fit['slope_ms_per_token']:.1f} ms [{lo:.1f}, {hi:.1f}], on top of a fixed "
+            f"{fit['intercept_ms']:.0f} ms for the prompt.")
 
 
 def explain_batch(scaling: pd.DataFrame) -> str:
@@ -58,16 +62,19 @@ def setup_table(model: LlamaModel, probe: dict, context: int) -> pd.DataFrame:
 
 
 def plot_latency(curve: pd.DataFrame, fit: dict):
-    from studylib import plots
+    import matplotlib.pyplot as plt
+    import seaborn as sns
 
-    ax = plots.lineplot_ci(curve.assign(method="ar"), "new_tokens", "seconds", hue="method",
-                           title="Latency vs. tokens generated (greedy, batch 1)")
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    sns.lineplot(data=curve, x="new_tokens", y="seconds", units="prompt", estimator=None, marker="o",
+                 color="steelblue", alpha=0.5, lw=0.8, ax=ax)
     n = np.array([curve["new_tokens"].min(), curve["new_tokens"].max()])
     ax.plot(n, (fit["intercept_ms"] + fit["slope_ms_per_token"] * n) / 1e3, ls="--", color="black", lw=1,
-            label=f"fit: {fit['slope_ms_per_token']:.1f} ms/token, median R²={fit['r2']:.3f}")
-    ax.set(xlabel="tokens generated", ylabel="seconds")
+            label=f"median fit: {fit['slope_ms_per_token']:.1f} ms/token, median R²={fit['r2']:.4f}")
+    ax.set(xlabel="tokens generated", ylabel="seconds (whole generation)",
+           title=f"Latency vs. output length: {fit['prompts']} prompts, one generation per point")
     ax.legend()
-    return ax
+    return fig
 
 
 def plot_batch(scaling: pd.DataFrame):

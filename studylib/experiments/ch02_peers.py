@@ -6,9 +6,11 @@ stop disabled), and HF prompt lookup (``prompt_lookup_num_tokens``, ``max_matchi
 our gamma and n-gram size. Each prompt runs every configuration back to back, so ratios are paired.
 
 Sampling check: the decoder's own loop (``speculative.speculate``) on two random models with a vocabulary
-of 8, the joint distribution of generated tokens 2 and 3 (both draft positions, residual resampling and
-the bonus token matter there) against its exact value by enumeration, judged by chi-square and a TV
-bound; a sampler without residual resampling goes through the same test to show it can fail.
+of 8. Token 1 comes from the prefill; tokens 2 .. gamma + 2 are one speculative step, gamma draft
+positions and the bonus position (the target's own token after full acceptance). Their joint
+distribution and each position's marginal are judged against the exact values by enumeration, with
+chi-square and a total-variation bound (``distribution_test``). Two wrong samplers go through the same
+test to show it can fail: one without residual resampling, one that draws the bonus token uniformly.
 """
 
 from __future__ import annotations
@@ -103,24 +105,89 @@ def hf_peer_summary(df: pd.DataFrame, gamma: int, ngram: int, pld_gamma: int | N
 
 # ------------------------------------------------------------------------------------------- sampling
 
+TV_REPS = 20_000  # simulated samples of a correct sampler behind each TV bound
 
-def _gof(counts: np.ndarray, p: np.ndarray) -> tuple[float, float, float]:
-    """(chi-square p-value with cells of expected count < 5 pooled, TV distance, TV bound).
 
-    The bound is 1.6x the TV expected from a correct sampler: E|c_i/n - p_i| ~ sqrt(2 p_i (1 - p_i) / (pi n))."""
+def ar_joint(dist, prefix: Sequence[int], k: int, vocab: int) -> np.ndarray:
+    """The exact joint distribution (vocab,)*k of the next ``k`` tokens after ``prefix`` when they are
+    sampled one by one; ``dist(ids)`` is the (vocab,) next-token distribution after ``ids``."""
+    p = np.asarray(dist(list(prefix)), dtype=np.float64)
+    if k == 1:
+        return p
+    return np.stack([p[x] * ar_joint(dist, [*prefix, x], k - 1, vocab) for x in range(vocab)])
+
+
+def distribution_views(tokens: np.ndarray, exact: np.ndarray,
+                       bonus_last: bool = True) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(name, counts, exact probabilities) of every view the test judges: the joint of all k positions
+    and each position's marginal. ``tokens``: (n, k) samples of k consecutive tokens; ``exact``: their
+    exact joint, shape (V,)*k. ``bonus_last``: the last position is the bonus position (k = gamma + 1)
+    and is named so."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    k = tokens.shape[1]
+    if exact.ndim != k:
+        raise ValueError(f"samples of {k} positions against a joint of {exact.ndim}")
+    vocab = exact.shape[0]
+    flat = np.ravel_multi_index(tuple(tokens.T), exact.shape)
+    views = [(f"joint of positions 1-{k}", np.bincount(flat, minlength=exact.size).astype(np.float64),
+              exact.ravel())]
+    for j in range(k):
+        marginal = exact.sum(axis=tuple(i for i in range(k) if i != j))
+        name = f"position {j + 1}" + (" (bonus)" if bonus_last and j == k - 1 else "")
+        views.append((name, np.bincount(tokens[:, j], minlength=vocab).astype(np.float64), marginal))
+    return views
+
+
+def _chi2_p(counts: np.ndarray, p: np.ndarray) -> float:
+    """Chi-square goodness-of-fit p-value, cells of expected count < 5 pooled into one."""
     from scipy import stats
 
-    n = counts.sum()
-    exp = p * n
+    exp = p * counts.sum()
     big = exp >= 5
     obs_c = np.append(counts[big], counts[~big].sum())
     exp_c = np.append(exp[big], exp[~big].sum())
     if exp_c[-1] == 0:
+        if obs_c[-1] > 0:  # a token the target cannot produce
+            return 0.0
         obs_c, exp_c = obs_c[:-1], exp_c[:-1]
-    pval = float(stats.chisquare(obs_c, exp_c * obs_c.sum() / exp_c.sum()).pvalue)
-    tv = float(0.5 * np.abs(counts / n - p).sum())
-    bound = 1.6 * 0.5 * float(np.sqrt(2 * p * (1 - p) / (math.pi * n)).sum())
-    return pval, tv, bound
+    if len(obs_c) < 2:
+        return 1.0
+    return float(stats.chisquare(obs_c, exp_c * obs_c.sum() / exp_c.sum()).pvalue)
+
+
+def tv_null_quantile(p: np.ndarray, n: int, level: float, reps: int = TV_REPS, seed: int = 0) -> float:
+    """The total-variation distance that a correct sampler (n draws from ``p``) exceeds with probability
+    ``level``, from ``reps`` simulated samples (seeded)."""
+    p = np.asarray(p, dtype=np.float64)
+    p = p / p.sum()
+    rng = np.random.default_rng(seed)
+    tvs = []
+    for lo in range(0, reps, 5000):
+        c = rng.multinomial(n, p, size=min(5000, reps - lo))
+        tvs.append(0.5 * np.abs(c / n - p).sum(axis=1))
+    return float(np.quantile(np.concatenate(tvs), 1.0 - level))
+
+
+def distribution_test(tokens: np.ndarray, exact: np.ndarray, alpha: float = 1e-3, reps: int = TV_REPS,
+                      seed: int = 0, bonus_last: bool = True) -> dict:
+    """Do ``tokens`` ((n, k) samples) come from ``exact`` (their joint, (V,)*k)? Every view of
+    ``distribution_views`` gets a chi-square test and a total-variation test, each at alpha / (number of
+    views) (Bonferroni), so a correct sampler is rejected with probability at most about 2 alpha. The TV
+    bound is the TV a correct sampler exceeds with that probability (simulated). Rejected if any view
+    fails either test. Returns chi2_p (the smallest p-value, Bonferroni-adjusted), tv and tv_bound of the
+    view furthest over (or nearest to) its bound, that view's name, the views that failed, and rejected."""
+    n = int(len(tokens))
+    views = distribution_views(tokens, exact, bonus_last)
+    level = alpha / len(views)
+    rows = []
+    for i, (name, counts, p) in enumerate(views):
+        tv = float(0.5 * np.abs(counts / n - p).sum())
+        rows.append((name, _chi2_p(counts, p), tv, tv_null_quantile(p, n, level, reps, seed + i)))
+    p_adj = min(1.0, min(r[1] for r in rows) * len(views))
+    worst = max(rows, key=lambda r: r[2] / r[3] if r[3] > 0 else math.inf)
+    failed = [r[0] for r in rows if r[1] < level or r[2] > r[3]]
+    return {"chi2_p": p_adj, "tv": worst[2], "tv_bound": worst[3], "worst_view": worst[0],
+            "views": len(views), "rejected_by": "; ".join(failed), "rejected": bool(failed)}
 
 
 def _wrong_verifier(target_logits, draft, sampling, gen, q):
@@ -133,9 +200,28 @@ def _wrong_verifier(target_logits, draft, sampling, gen, q):
     return len(draft), int(sample_from(p[len(draft)], gen))
 
 
+def _bonus_uniform_verifier(target_logits, draft, sampling, gen, q):
+    """The exact rule except for the bonus token: after full acceptance it is drawn uniformly from the
+    vocabulary instead of from the target's last row (a bug only the bonus position can show)."""
+    from studylib.decoding.verify import verify_sampling
+
+    p = probs(target_logits, sampling).clone()
+    p[len(draft)] = 1.0 / p.shape[-1]
+    return verify_sampling(p, q, draft, gen)
+
+
+SAMPLERS = (("exact (residual resampling)", None, False),
+            ("wrong (resample from p)", _wrong_verifier, True),
+            ("wrong (bonus token uniform)", _bonus_uniform_verifier, True))
+
+
 def sampling_check(n: int = 2000, temperature: float = 1.0, top_k: int = 0, alpha: float = 1e-3,
-                   vocab: int = 8) -> pd.DataFrame:
-    """Exact sampler vs a wrong one through the decoder loop (module docstring); one row per sampler."""
+                   vocab: int = 8, gamma: int = 2, top_p: float = 1.0) -> pd.DataFrame:
+    """The exact sampler and the wrong ones through the decoder loop; one row per sampler.
+
+    Each sample generates gamma + 2 tokens: the first comes from the prefill (plain sampling), the next
+    gamma + 1 from one speculative step (gamma draft positions and the bonus position). Those gamma + 1
+    tokens are judged against their exact joint by enumeration (``distribution_test``)."""
     from studylib.decoding.drafts import ModelDraft
     from studylib.decoding.speculative import speculate
     from studylib.models import DenseKVCache, _random_model
@@ -146,30 +232,25 @@ def sampling_check(n: int = 2000, temperature: float = 1.0, top_k: int = 0, alph
     draft = ModelDraft(_random_model(tiny_config(5, vocab_size=vocab), dev, dt, 5).eval(), "tiny-draft")
     target.config.eos_token_ids, draft.model.config.eos_token_ids = [], []
     prompt = [1, 3, 5]
+    k = gamma + 1
 
     def dist(ids):  # (V,) float64 under the sampling params
         cache = DenseKVCache(target.config, 1, len(ids), dev, dt)
         logits = target(torch.tensor([ids]), cache.begin(len(ids)), logits="last").logits[0, -1]
-        return probs(logits, SamplingParams(temperature, top_k)).double()
+        return probs(logits, SamplingParams(temperature, top_k, top_p)).double().numpy()
 
-    p1 = dist(prompt)
-    exact = torch.zeros(vocab, vocab, dtype=torch.float64)
-    for x1 in range(vocab):
-        p2 = dist([*prompt, x1])
-        for x2 in range(vocab):
-            exact[x2] += p1[x1] * p2[x2] * dist([*prompt, x1, x2])
-    exact = exact.flatten().numpy()
+    with torch.inference_mode():
+        p1 = dist(prompt)
+        exact = sum(p1[x1] * ar_joint(dist, [*prompt, x1], k, vocab) for x1 in range(vocab))
     rows = []
-    for name, verifier, expect_reject in (("exact (residual resampling)", None, False),
-                                          ("wrong (resample from p)", _wrong_verifier, True)):
-        counts = np.zeros(vocab * vocab)
+    for name, verifier, expect_reject in SAMPLERS:
+        tokens = np.zeros((n, k), dtype=np.int64)
         for i in progress_bar(range(n), desc=f"sampling check: {name}", leave=False):
-            res = speculate(target, prompt, 4, SamplingParams(temperature, top_k, seed=i), None,
-                            lambda cache, cap: draft.session(target, cache, cap), 2, "speculative",
+            res = speculate(target, prompt, k + 1, SamplingParams(temperature, top_k, top_p, seed=i), None,
+                            lambda cache, cap: draft.session(target, cache, cap), gamma, "speculative",
                             verifier=verifier)
-            counts[res.token_ids[1] * vocab + res.token_ids[2]] += 1
-        pval, tv, bound = _gof(counts, exact)
-        rejected = pval < alpha or tv > bound
-        rows.append({"sampler": name, "samples": n, "chi2_p": pval, "tv": tv, "tv_bound": bound,
-                     "rejected": rejected, "expect_reject": expect_reject, "as_expected": rejected == expect_reject})
+            tokens[i] = res.token_ids[1:k + 1]
+        t = distribution_test(tokens, exact, alpha)
+        rows.append({"sampler": name, "samples": n, "positions": k, **t, "expect_reject": expect_reject,
+                     "as_expected": t["rejected"] == expect_reject})
     return pd.DataFrame(rows)

@@ -16,7 +16,6 @@ import pandas as pd
 import torch
 
 from studylib.bench.stats import ratio_estimate
-from studylib.claims import judge_all, judge_at_least
 from studylib.decoding import ar
 from studylib.decoding.common import eos_set
 from studylib.kvcache.prefix_generate import PrefixCachedDecoder
@@ -222,33 +221,48 @@ def interpretation(summary: pd.DataFrame) -> str:
     return text
 
 
-def judge_c4(summary: pd.DataFrame, curve: pd.DataFrame, det: pd.DataFrame, conditions: str,
-             ttft_threshold: float = 10.0) -> list:
-    """Two rows: hits are 'inevitable' (and harmless), and the TTFT aim on the long system prompt."""
+def judge_c4(summary: pd.DataFrame, curve: pd.DataFrame, det: pd.DataFrame, conditions: str) -> list:
+    """C4 ("the trie makes hits inevitable rather than accidental"), one decision over three parts:
+
+    - hits reach >= 95% of the never-evicting optimum, judged per pool size: where the pool holds the
+      working set, and where it does not (LRU then evicts shared prefixes, and hits fall), so the
+      claim holds only under the first condition when the second fails;
+    - greedy outputs identical with and without the cache (all or nothing);
+    - the no-sharing control pays nothing (its TTFT within noise of the uncached arm).
+
+    The TTFT gain is reported beside it, not judged: the source claims hits, not a TTFT figure."""
+    from studylib.claims import decide_conditions, decide_parts, judge_checks
+
     sharing = summary[summary.workload.isin(SHARING)]
     full = curve[curve["fraction of working set"] >= 1.0]
-    ratio_ok = bool(len(sharing)) and bool((sharing["hit / optimal"] >= 0.95).all())
-    checks = {
-        "hit rate >= 95% of the optimum on every sharing workload": ratio_ok,
-        "hit rate >= 95% of the optimum when the pool holds the working set (replay)":
-            bool(len(full)) and bool((full["hit / optimal"] >= 0.95).all()),
-        "greedy outputs identical with and without the cache": bool(summary["all identical"].all()),
-        "the no-sharing control pays nothing (TTFT within noise of the uncached arm)": bool(all(
-            r["TTFT speedup"] >= 0.8 or r["TTFT speedup CI"][1] >= 1.0
-            for _, r in summary[summary.workload == "no_sharing"].iterrows())),
-    }
-    hit_ratio = float(sharing["hit / optimal"].min()) if len(sharing) else float("nan")
-    rows = [judge_all("C4", "prefix-cache hits vs the optimum, identical outputs", checks,
-                      claimed="a trie makes shared-prefix cache hits 'inevitable rather than accidental'",
-                      conditions=conditions, chapter=CHAPTER, measured=hit_ratio)]
-    sp = summary[summary.workload == "system_prompt"]
-    if len(sp):
-        lo, hi = sp["TTFT speedup CI"].iloc[0]
-        est = (float(sp["TTFT speedup"].iloc[0]), lo, hi)
-        rows.append(judge_at_least("C4", "TTFT speedup from the cache, long shared system prompt", est,
-                                   ttft_threshold, claimed=f">= {ttft_threshold:g}x lower TTFT (issue 6 aim)",
-                                   conditions=conditions, chapter=CHAPTER, partial=2.0))
-    return rows
+    small = curve[curve["fraction of working set"] < 1.0]
+
+    def hits(rows: pd.DataFrame, where: str) -> dict:
+        out = {f"{r['workload']} at {r['fraction of working set']:.2f}x the working set: "
+               f"{r['hit / optimal']:.0%} of the optimum": bool(r["hit / optimal"] >= 0.95) for _, r in rows.iterrows()}
+        return out or {f"no {where} pool size was run": False}
+
+    measured_pool = {f"{r.workload} at the measured pool: {r['hit / optimal']:.0%} of the optimum":
+                     r["hit / optimal"] >= 0.95 for _, r in sharing.iterrows()}
+    pools = [judge_checks("C4", "hits >= 95% of the optimum, pool holds the working set",
+                          {**measured_pool, **hits(full, "full")}, "", conditions, CHAPTER)]
+    if len(small):
+        pools.append(judge_checks("C4", "hits >= 95% of the optimum, pool below the working set (LRU)",
+                                  hits(small, "small"), "", conditions, CHAPTER))
+    by_pool = decide_conditions("C4", "shared-prefix hits reach the optimum", pools,
+                                "hits 'inevitable rather than accidental'", conditions, CHAPTER,
+                                names=["pool >= working set", "pool < working set"][:len(pools)])[0]
+    same = judge_checks("C4", "greedy outputs identical with and without the cache",
+                        {f"{r.workload}": bool(r["all identical"]) for _, r in summary.iterrows()},
+                        "harmless", conditions, CHAPTER)
+    ctrl = summary[summary.workload == "no_sharing"]
+    control = judge_checks("C4", "the no-sharing control pays nothing (TTFT within noise of no cache)", {
+        f"no_sharing TTFT x{r['TTFT speedup']:.2f}": bool(r["TTFT speedup"] >= 0.8 or r["TTFT speedup CI"][1] >= 1.0)
+        for _, r in ctrl.iterrows()} or {"no control workload was run": False}, "free when nothing is shared",
+        conditions, CHAPTER)
+    return decide_parts("C4", "a trie makes shared-prefix hits inevitable and harmless", [by_pool, same, control],
+                        "a trie makes shared-prefix cache hits 'inevitable rather than accidental'", conditions,
+                        CHAPTER)
 
 
 def measurements(summary: pd.DataFrame, curve: pd.DataFrame, det: pd.DataFrame, replay: pd.DataFrame) -> dict:

@@ -21,10 +21,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
-from studylib.claims import Verdict, judge_all, load_chapter
+from studylib.bench.stats import estimate
+from studylib.claims import Verdict, decide_conditions, judge_at_least, load_chapter
 from studylib.decoding.common import Stopwatch
 from studylib.kvcache import PagedBatch, PagedKVPool
 from studylib.serving.workload import WorkloadItem, to_requests
@@ -86,19 +88,26 @@ def speculative_inputs(out_dir: str | Path, alpha: float, gamma: int, draft_cost
     _find_alpha(meas.get("overall", []), found)  # chapter 2's per-method summary over all workloads
     if not found:
         _find_alpha(meas, found)
-    spec = [d for d in found if any(w in str(d.get("method", d.get("spec", ""))).lower()
-                                    for w in ("speculative", "distil", "draft", "sps"))] or found
+    # Only the draft-model rows of the distilled draft: self-speculation (alpha ~0.9) and prompt lookup
+    # are other methods, and a median across them would describe no method at all.
+    spec = [d for d in found if str(d.get("method", d.get("spec", ""))).lower().startswith("sps:distilled@")] or \
+        [d for d in found if any(w in str(d.get("method", d.get("spec", ""))).lower()
+                                 for w in ("speculative", "distil", "draft", "sps"))]
     if not spec:
         out["source"] = "parameters (ch02.json has no alpha)"
         return out
     out["alpha"] = float(pd.Series([d["alpha"] for d in spec]).median())
-    costs = [d["cost_ratio"] for d in spec if isinstance(d.get("cost_ratio"), int | float)]
-    if not costs:  # chapter 2 keeps the drafts' measured costs in its draft table
-        costs = [d["cost_ratio"] for d in meas.get("draft_table", []) if isinstance(d, dict)
-                 and isinstance(d.get("cost_ratio"), int | float) and d["cost_ratio"] > 0]
+    # chapter 2 records the draft's measured cost per forward relative to the target as ``measured_c``
+    # in its draft table (``cost_ratio`` in older files)
+    costs = [d[k] for d in meas.get("draft_table", []) if isinstance(d, dict) and d.get("draft") == "distilled"
+             for k in ("measured_c", "cost_ratio") if isinstance(d.get(k), int | float) and d[k] > 0]
     if costs:
-        out["draft_cost"] = float(pd.Series(costs).median())
-    out["source"] = f"ch02.json (median of {len(spec)} rows with alpha)"
+        out["draft_cost"] = float(costs[0])
+        out["source"] = (f"ch02.json (alpha of {', '.join(str(d.get('method')) for d in spec)}; "
+                         "draft cost measured_c of the distilled draft)")
+    else:
+        out["source"] = (f"ch02.json (alpha of {', '.join(str(d.get('method')) for d in spec)}); draft cost from "
+                         "the parameters: ch02.json has no measured_c")
     return out
 
 
@@ -132,26 +141,24 @@ def ch01_curve(out_dir: str | Path) -> pd.DataFrame | None:
     return df[[c for c in ("batch", "step_ms", "time_vs_batch1", "tokens_vs_batch1") if c in df]]
 
 
-def judge_c8(c8: pd.DataFrame, measured_batching_gain: float | None, prefix_effect: dict | None,
-             conditions: str) -> Verdict:
-    """C8 (local gains do not compose): speculative decoding helps a single request, its gain shrinks as
-    the batch grows, batching's gain at saturation exceeds it, and the prefix cache helps TTFT more than TPOT."""
-    first, last = c8.iloc[0], c8.iloc[-1]
-    checks = {
-        f"speculative gain at batch {int(first.batch)} > 1 ({first.speculative_gain:.2f}x)": first.speculative_gain > 1,
-        f"it shrinks by batch {int(last.batch)} ({last.speculative_gain:.2f}x)":
-            last.speculative_gain < first.speculative_gain,
-    }
-    if measured_batching_gain is not None:
-        checks[f"batching gain at saturation {measured_batching_gain:.2f}x > speculative single-request "
-               f"{first.speculative_gain:.2f}x"] = measured_batching_gain > first.speculative_gain
-    if prefix_effect:
-        checks[f"prefix cache cuts p50 TTFT x{prefix_effect['ttft_gain']:.2f} vs. TPOT x{prefix_effect['tpot_gain']:.2f}"
-               ] = prefix_effect["ttft_gain"] > prefix_effect["tpot_gain"]
-    return judge_all("C8", "speculative gain at the largest batch / at batch 1", checks,
-                     claimed="local accelerations do not compose; a global, co-designed view is needed",
-                     conditions=conditions, chapter=CHAPTER,
-                     measured=float(last.speculative_gain / first.speculative_gain))
+def judge_c8(runs: pd.DataFrame, conditions: str, scheduler: str = "continuous") -> list[Verdict]:
+    """C8 from this chapter, measured only: the prefix cache's gain does not carry over to decoding.
+    Per saturation repeat (interleaved arms, one unit each), the radix cache's TTFT gain over the same
+    scheduler without it, divided by its TPOT gain; the claim's "TTFT but not TPOT" needs this > 1.
+
+    The speculative-vs-batch table above is a model (measured step costs x chapter 2's alpha); it is
+    shown beside this, labelled, and decides nothing."""
+    sat = runs[np.isinf(runs["rate"])]
+    a = sat[sat["arm"] == scheduler].set_index("repeat")
+    b = sat[sat["arm"] == f"{scheduler}+radix"].set_index("repeat")
+    both = a.index.intersection(b.index)
+    ttft = (a.loc[both, "ttft_p50_s"] / b.loc[both, "ttft_p50_s"]).to_numpy()
+    tpot = (a.loc[both, "tpot_p50_s"] / b.loc[both, "tpot_p50_s"]).to_numpy()
+    est = estimate(ttft / tpot) if len(both) else float("nan")
+    row = judge_at_least("C8", f"prefix cache: TTFT gain / TPOT gain, {scheduler} at saturation", est, 1.0,
+                         "caching helps TTFT, not TPOT: gains are local", conditions, CHAPTER, unit="repeats")
+    return decide_conditions("C8", "measured interactions of the gains", [row],
+                             "local accelerations do not compose", conditions, CHAPTER)
 
 
 def prefix_effect(curve: pd.DataFrame, scheduler: str = "continuous") -> dict | None:

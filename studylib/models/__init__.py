@@ -39,7 +39,10 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise StudylibError(f"unknown device {device!r}; use cpu or cuda (or cuda:N).") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise StudylibError("--device cuda was asked for, but this machine has no CUDA GPU; use --device cpu.")
     if dev.type not in ("cpu", "cuda"):
@@ -72,6 +75,9 @@ def model_dir(name: str) -> Path | None:
         return None
     path = Path(name).expanduser()
     if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise StudylibError(f"{path} has no config.json, so it is not an HF-format checkpoint; "
+                                f"supported: {SUPPORTED_TEXT}.")
         return path
     try:
         from huggingface_hub import snapshot_download
@@ -148,7 +154,12 @@ def load_model(
     directory = model_dir(name)
     from transformers import AutoConfig, AutoTokenizer
 
-    hf_cfg = AutoConfig.from_pretrained(directory)
+    try:
+        hf_cfg = AutoConfig.from_pretrained(directory)
+    except (OSError, ValueError, KeyError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise StudylibError(f"{directory}/config.json cannot be read ({reason}); supported: {SUPPORTED_TEXT}."
+                            ) from None
     if hf_cfg.model_type not in SUPPORTED_ARCHS:
         raise StudylibError(f"{name!r} is a {hf_cfg.model_type!r} model; this runtime supports {SUPPORTED_TEXT}.")
     cfg = ModelConfig.from_hf(hf_cfg, name=name)

@@ -76,7 +76,17 @@ def run(args: argparse.Namespace) -> int:
     items = make_workload(args.workload, args.num_requests, args.seed, args.max_new_tokens, tok)
     requests = to_requests(items, tok, rate=args.rate, burstiness=args.burstiness, seed=args.seed,
                            max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos)
-    result = Engine(model, config, tok).run(requests, progress=args.progress)
+    engine = Engine(model, config, tok)
+    refusals = []
+    for req in requests:
+        try:
+            engine.check(req)
+        except StudylibError as err:
+            refusals.append(str(err))
+    if refusals and len(refusals) == len(requests):
+        raise StudylibError(f"every one of the {len(requests)} requests would be rejected, so nothing was "
+                            f"measured; the first: {refusals[0]}")
+    result = engine.run(requests, progress=args.progress)
     summary = result.summary(slo)
     summary.update(model=model.config.name, random_weights=model.config.random_weights,
                    scheduler=args.scheduler, prefix_cache=args.prefix_cache,
@@ -89,6 +99,11 @@ def run(args: argparse.Namespace) -> int:
     for r in requests:
         if r.stop_reason == "rejected":
             print(f"studylib: warning: {r.error}", file=sys.stderr)
+    if not summary["requests"]:
+        reasons = sorted({str(r.stop_reason) for r in requests})
+        print(f"studylib: error: none of the {len(requests)} requests completed (stop reasons: "
+              f"{', '.join(reasons)}), so there is nothing to report.", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(summary, allow_nan=False))
     else:

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studylib.claims import Verdict, verdict_table, verdict_text
+from studylib.claims import Verdict, check_one_decision, verdict_table, verdict_text
 from studylib.workbook.paths import atomic_write
 
 
@@ -66,6 +66,7 @@ def save_chapter(chapter: int, title: str, verdicts: Sequence[Verdict], measurem
             raise TypeError(f"verdicts must be studylib.claims.Verdict objects from a judge_* rule, got {type(v)}")
         if v.chapter != chapter:
             raise ValueError(f"verdict {v.id} says chapter {v.chapter} but is being saved in chapter {chapter}")
+    check_one_decision(verdicts)
     record = {
         "chapter": int(chapter),
         "title": title,
@@ -83,11 +84,14 @@ def save_chapter(chapter: int, title: str, verdicts: Sequence[Verdict], measurem
 
 
 def provenance_rows(prov: Mapping[str, Any]) -> list[tuple[str, str]]:
+    from studylib.bench.provenance import commit_label
+
     v = prov.get("versions", {})
     libs = ", ".join(f"{k} {v[k]}" for k in ("studylib", "torch", "transformers", "triton") if v.get(k))
-    rows = [("measured", str(prov.get("date"))), ("git commit", str(prov.get("git_commit"))[:19]),
+    rows = [("measured", str(prov.get("date"))), ("git commit", commit_label(prov)),
             ("hardware", f"{prov.get('cpu')} ({prov.get('cpu_count')} cores, torch threads "
-                         f"{prov.get('torch_threads')})" + (f"; GPU {prov['gpu']}" if prov.get("gpu") else "")),
+                         f"{prov.get('torch_threads')})" + (f"; ISA {prov['isa']['label']}" if prov.get("isa") else "")
+                         + (f"; GPU {prov['gpu']}" if prov.get("gpu") else "")),
             ("software", f"Python {prov.get('python')}; {libs}"
                          + (f"; CPU fp32 linear: {prov['cpu_linear']}" if prov.get("cpu_linear") else ""))]
     params = prov.get("params") or {}

@@ -18,6 +18,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--notebooks", default=None, help="folder of NN_name.ipynb chapters (default: notebooks/)")
     p.add_argument("--cell-timeout", type=float, default=None, help="fail a cell that runs longer (seconds)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="write the committed reports/<profile> folder even with uncommitted changes to tracked "
+                        "files; every page is then marked as made from a dirty tree")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
 
     runs = reproduce(profile=args.profile, chapters=parse_chapters(args.chapters), out_dir=args.out,
                      overrides=parse_overrides(args.param), resume=args.resume, notebooks_dir=args.notebooks,
-                     progress=not args.no_progress, cell_timeout=args.cell_timeout)
+                     progress=not args.no_progress, cell_timeout=args.cell_timeout,
+                     allow_dirty=args.allow_dirty)
     failed = [r for r in runs if r.status == FAILED]
     for r in failed:
         print(f"studylib: chapter {r.chapter} failed: {r.error}")

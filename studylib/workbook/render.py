@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from studylib.claims import load_chapter, load_verdicts, verdict_table
+from studylib.bench.provenance import commit_label
+from studylib.claims import load_chapter, load_verdicts, study_decisions, verdict_table
 from studylib.workbook.paths import atomic_write
 
 # A light page around nbconvert's "basic" template (the "lab" template embeds ~280 KB of CSS).
@@ -37,7 +38,10 @@ pre code { background: none; padding: 0; }
 .ansi-cyan-fg { color: #0a8a8a; } .ansi-yellow-fg { color: #9a6700; } .ansi-bold { font-weight: bold; }
 .studylib-error { background: #f8d4d4; border: 1px solid #c33; padding: 0.6em 1em; margin: 1em 0;
        font-family: monospace; white-space: pre-wrap; }
+.studylib-dirty { background: #fff1c2; border: 1px solid #9a6700; padding: 0.6em 1em; margin: 1em 0; }
 """
+DIRTY_NOTE = ("Made from a git tree with uncommitted changes to tracked files: these results belong to no "
+              "commit, not even the one named here.")
 
 
 def _page(title: str, body: str, css: str) -> str:
@@ -55,15 +59,17 @@ def _notebook_title(nb: Any, default: str) -> str:
     return default
 
 
-def render_html(nb: Any | None, error: str | None = None, title: str = "chapter") -> str:
+def render_html(nb: Any | None, error: str | None = None, title: str = "chapter", dirty: bool = False) -> str:
     """One light, self-contained HTML page of an executed notebook (no In/Out prompts, figures as the
     PNGs the notebook produced); with an error banner on top for a failed run (``nb`` may be None if
-    execution never started)."""
+    execution never started), and a note on top when it was made from a dirty git tree (``dirty``)."""
     from pygments.formatters import HtmlFormatter
 
     nav = "<nav><a href='index.html'>&larr; all chapters and verdicts</a></nav>"
     banner = (f"<div class='studylib-error'><b>This chapter failed; the outputs below are partial.</b>\n"
               f"{html.escape(error)}</div>") if error else ""
+    if dirty:
+        banner = f"<div class='studylib-dirty'><b>Dirty tree.</b> {html.escape(DIRTY_NOTE)}</div>" + banner
     css = _NOTEBOOK_CSS + HtmlFormatter(style="default").get_style_defs(".highlight")
     if nb is None:
         return _page(title, nav + banner, css)
@@ -88,12 +94,14 @@ table.chapters th, table.chapters td { text-align: left; vertical-align: top; pa
 table.chapters th { background: #f0f0f0; }
 .badge { display: inline-block; padding: 1px 6px; margin: 1px 2px; border-radius: 4px; font-size: 0.85em;
          white-space: nowrap; }
-.holds { background: #d9f2d9; } .cond { background: #fff1c2; } .fails { background: #f8d4d4; }
+.holds { background: #d9f2d9; } .cond { background: #fff1c2; } .unsure { background: #e4e4f0; } .fails { background: #f8d4d4; }
 .status-ok { color: #1a7f37; } .status-failed { color: #c33; font-weight: bold; }
 .error { font-family: monospace; font-size: 0.85em; color: #a22; white-space: pre-wrap; }
+.studylib-dirty { background: #fff1c2; border: 1px solid #9a6700; padding: 0.6em 1em; margin: 1em 0; }
+.dirty { background: #fff1c2; font-size: 0.85em; padding: 0 4px; border-radius: 3px; }
 a { color: #0b5cad; }
 """
-_BADGE = {"holds": "holds", "holds under conditions": "cond", "does not hold": "fails"}
+_BADGE = {"holds": "holds", "holds under conditions": "cond", "inconclusive": "unsure", "does not hold": "fails"}
 
 
 def _title(nb_path: Path | None, data: Mapping[str, Any] | None, chapter: int) -> str:
@@ -111,17 +119,18 @@ def _chapter_row(out: Path, c: int, rec: Mapping[str, Any] | None, nb_path: Path
     secs = (rec or {}).get("seconds")
     badges = "".join(
         f"<span class='badge {_BADGE[v.verdict]}' title='{html.escape(v.metric)}'>{v.id}: {v.verdict}</span>"
-        for v in (data["verdicts"] if data else []))
+        for v in (data["verdicts"] if data else []) if v.role == "decision")  # one badge per claim
     links = [f"<a href='{n}'>{label}</a>" for n, label in
              ((f"{nn}.html", "report"), (f"{nn}.ipynb", "notebook"), (f"{nn}.json", "data"),
               (f"{nn}.failed.html", "failed run")) if (out / n).exists()]
     err = (rec or {}).get("error") if status == "failed" else None
     if err and data:
         err += "\n(the report and verdicts shown are from the last successful run)"
+    dirty = " <span class='dirty'>dirty tree</span>" if (rec or {}).get("dirty_tree") else ""
     cells = [
         f"{c}",
         html.escape(_title(nb_path, data, c)),
-        f"<span class='status-{html.escape(status.split()[0])}'>{html.escape(status)}</span>",
+        f"<span class='status-{html.escape(status.split()[0])}'>{html.escape(status)}</span>{dirty}",
         f"{secs:.0f} s" if isinstance(secs, int | float) else "",
         badges + (f"<div class='error'>{html.escape(err)}</div>" if err else ""),
         " · ".join(links),
@@ -135,7 +144,7 @@ def _provenance_line(out: Path) -> str:
         if prov:
             gpu = f"; GPU {prov['gpu']}" if prov.get("gpu") else ""
             return (f"Measured on {html.escape(str(prov.get('cpu')))} ({prov.get('cpu_count')} cores{gpu}), "
-                    f"commit <code>{html.escape(str(prov.get('git_commit'))[:12])}</code>, "
+                    f"commit <code>{html.escape(commit_label(prov))}</code>, "
                     f"torch {html.escape(str((prov.get('versions') or {}).get('torch')))}.")
     return ""
 
@@ -149,16 +158,21 @@ def write_index(out: Path, index: Mapping[str, Any], notebooks: Mapping[int, Pat
     parts = [f"<h1>Fast LLM inference: a reproducible study</h1>"
              f"<p class='meta'>Profile <b>{html.escape(str(index.get('profile')))}</b>; index updated "
              f"{html.escape(str(index.get('updated')))}. {_provenance_line(out)}</p>"]
-    if (out / "ch07.json").exists():
-        head = load_chapter(out / "ch07.json")["verdicts"]
-        if head:
-            parts.append("<h2>Headline claims (chapter 7)</h2>" + verdict_table(head).to_html())
+    dirty = [int(k) for k, rec in sorted(records.items(), key=lambda kv: int(kv[0])) if rec.get("dirty_tree")]
+    if dirty:
+        parts.append(f"<div class='studylib-dirty'><b>Dirty tree:</b> chapter{'s' * (len(dirty) > 1)} "
+                     f"{', '.join(map(str, dirty))}. {html.escape(DIRTY_NOTE)}</div>")
+    verdicts = load_verdicts(out)
+    if verdicts:
+        parts.append("<h2>The claims, one line each</h2><p>One decision per claim: a claim with parts that must "
+                     "all hold (C6, C7) is decided by its weakest part on one configuration; a claim decided in "
+                     "two chapters takes each chapter as a condition. The parts follow below.</p>"
+                     + verdict_table(study_decisions(verdicts)).to_html())
     rows = "".join(_chapter_row(out, c, records.get(str(c)), notebooks.get(c)) for c in numbers)
     parts.append("<h2>Chapters</h2><table class='chapters'><tr><th>#</th><th>chapter</th><th>status</th>"
                  f"<th>time</th><th>verdicts</th><th>files</th></tr>{rows}</table>")
-    verdicts = load_verdicts(out)
     if verdicts:
-        parts.append("<h2>Every verdict</h2>" + verdict_table(verdicts).to_html())
+        parts.append("<h2>Every verdict, with its parts</h2>" + verdict_table(verdicts).to_html())
     parts.append("<p class='meta'>Verdicts are computed by rules in <code>studylib.claims</code> from the "
                  "measurements in each <code>chNN.json</code>; <code>studylib claims --profile "
                  f"{html.escape(str(index.get('profile')))}</code> prints the same table.</p>")

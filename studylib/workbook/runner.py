@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -42,6 +43,7 @@ class ChapterRun:
     error: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     finished: str = ""
+    dirty_tree: bool = False  # made from a git tree with uncommitted changes to tracked files
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,6 +169,43 @@ def up_to_date(out_dir: Path, chapter: int, notebook: Path, params_file: Path, p
     return min(p.stat().st_mtime for p in outs) > source_mtime(notebook, params_file)
 
 
+def tree_is_dirty() -> bool:
+    """Whether the checkout's tracked files differ from HEAD (what ``git_dirty`` in provenance says)."""
+    from studylib.bench.provenance import git_state
+
+    return git_state()[1]
+
+
+def committed_reports(out: Path) -> bool:
+    """Whether ``out`` is (inside) a report folder the repository commits: under ``<repo>/reports/``
+    and not ignored by git (reports/smoke and reports/_tmp* are scratch)."""
+    from studylib.workbook import paths
+
+    reports = (paths.repo_root() / "reports").resolve()
+    out = out.resolve()
+    if not out.is_relative_to(reports):
+        return False
+    try:
+        # The trailing "/" lets directory patterns (/reports/smoke/) match a folder not created yet.
+        ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", f"{out}/"], cwd=reports.parent,
+                                 capture_output=True, timeout=5).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ignored = False
+    return not ignored
+
+
+def check_clean_tree(out: Path, allow_dirty: bool) -> bool:
+    """Refuse (StudylibError) to write a committed report folder from a dirty tree unless ``allow_dirty``:
+    its pages would claim results of a commit that did not produce them. Returns whether the tree is dirty."""
+    dirty = tree_is_dirty()
+    if dirty and not allow_dirty and committed_reports(out):
+        raise StudylibError(
+            f"the git tree has uncommitted changes to tracked files, and {out} is a committed report folder; "
+            "commit or stash the changes first, or pass --allow-dirty (every page is then marked as made "
+            "from a dirty tree).")
+    return dirty
+
+
 def _publish_tree(src: Path, dest: Path) -> None:
     for f in sorted(src.rglob("*")):
         if f.is_file():
@@ -184,8 +223,9 @@ def _error_text(exc: BaseException) -> str:
 
 
 def run_chapter(notebook: Path, chapter: int, params: dict[str, Any], out_dir: Path, kernel_name: str,
-                cell_timeout: float | None = None) -> ChapterRun:
-    """Execute one notebook; publish its outputs only if it succeeded. Never raises for a failed cell."""
+                cell_timeout: float | None = None, dirty: bool = False) -> ChapterRun:
+    """Execute one notebook; publish its outputs only if it succeeded. Never raises for a failed cell.
+    ``dirty``: the git tree had uncommitted changes; the page says so."""
     import nbformat
     import papermill as pm
 
@@ -216,12 +256,12 @@ def run_chapter(notebook: Path, chapter: int, params: dict[str, Any], out_dir: P
         nb = nbformat.read(str(executed), as_version=4) if executed.exists() else None
         if error is None:
             _publish_tree(stage, out_dir)
-            atomic_write(out_dir / f"{nn}.html", render_html(nb))
+            atomic_write(out_dir / f"{nn}.html", render_html(nb, dirty=dirty))
             os.replace(executed, out_dir / f"{nn}.ipynb")
             for stale in (f"{nn}.failed.html", f"{nn}.failed.ipynb"):
                 (out_dir / stale).unlink(missing_ok=True)
         else:
-            atomic_write(out_dir / f"{nn}.failed.html", render_html(nb, error=error, title=notebook.stem))
+            atomic_write(out_dir / f"{nn}.failed.html", render_html(nb, error=error, title=notebook.stem, dirty=dirty))
             if nb is not None:
                 os.replace(executed, out_dir / f"{nn}.failed.ipynb")
     finally:
@@ -231,7 +271,7 @@ def run_chapter(notebook: Path, chapter: int, params: dict[str, Any], out_dir: P
             staging.rmdir()
     finished = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     return ChapterRun(chapter, notebook.name, FAILED if error else OK, round(seconds, 1), error,
-                      to_jsonable({k: v for k, v in params.items() if k != "out_dir"}), finished)
+                      to_jsonable({k: v for k, v in params.items() if k != "out_dir"}), finished, dirty)
 
 
 def chapter_parameters(cfg: Mapping[str, dict], chapter: int, declared: set[str], overrides: Mapping[str, Any],
@@ -254,8 +294,12 @@ def read_index(out_dir: Path) -> dict[str, Any]:
 def reproduce(profile: str = "cpu", chapters: Sequence[int] | None = None, out_dir: str | Path | None = None,
               overrides: Mapping[str, Any] | None = None, resume: bool = False,
               notebooks_dir: str | Path | None = None, params_dir: str | Path | None = None,
-              progress: bool = True, cell_timeout: float | None = None) -> list[ChapterRun]:
-    """Run the chosen chapters of ``profile`` and (re)write ``<out_dir>/index.html``."""
+              progress: bool = True, cell_timeout: float | None = None,
+              allow_dirty: bool = False) -> list[ChapterRun]:
+    """Run the chosen chapters of ``profile`` and (re)write ``<out_dir>/index.html``.
+
+    From a git tree with uncommitted changes this refuses to write a committed report folder
+    (``reports/cpu``...) unless ``allow_dirty``; pages made from a dirty tree carry a visible note."""
     from studylib.progress import progress_bar
     from studylib.workbook import paths
     from studylib.workbook.render import write_index
@@ -273,6 +317,7 @@ def reproduce(profile: str = "cpu", chapters: Sequence[int] | None = None, out_d
                             f"{', '.join(map(str, sorted(available)))}.")
     out = Path(out_dir) if out_dir else paths.reports_dir(profile)
     out = out.resolve()
+    dirty = check_clean_tree(out, allow_dirty)
     out.mkdir(parents=True, exist_ok=True)
     overrides = dict(overrides or {})
     declared = {c: declared_parameters(available[c]) for c in wanted}
@@ -297,11 +342,13 @@ def reproduce(profile: str = "cpu", chapters: Sequence[int] | None = None, out_d
         params = chapter_parameters(cfg, c, declared[c], overrides, profile)
         prev = records.get(str(c))
         bar.set_description(f"ch{c:02d} {nb.stem}")
-        if resume and up_to_date(out, c, nb, params_file, params, prev):
+        # A page made from a dirty tree is stale once the tree is clean: its mark must not outlive the edit.
+        if (resume and up_to_date(out, c, nb, params_file, params, prev)
+                and not (prev.get("dirty_tree") and not dirty)):
             run = ChapterRun(c, nb.name, UP_TO_DATE, prev.get("seconds", 0.0), None, prev["params"],
-                             prev.get("finished", ""))
+                             prev.get("finished", ""), bool(prev.get("dirty_tree")))
         else:
-            run = run_chapter(nb, c, params, out, kernel, cell_timeout)
+            run = run_chapter(nb, c, params, out, kernel, cell_timeout, dirty=dirty)
             records[str(c)] = run.to_dict()
         runs.append(run)
         bar.set_postfix_str(f"ch{c:02d} {run.status} in {run.seconds:.0f} s")
