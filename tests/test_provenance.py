@@ -49,12 +49,17 @@ def _git(repo, *args):
 def test_git_state_full_commit_and_separate_dirty_flag(tmp_path, monkeypatch):
     _git(tmp_path, "init", "-q")
     (tmp_path / "a.txt").write_text("1")
-    _git(tmp_path, "add", "a.txt")
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "ch01.json").write_text("{}")
+    _git(tmp_path, "add", "a.txt", "reports/ch01.json")
     _git(tmp_path, "commit", "-q", "-m", "x")
     monkeypatch.setattr(provenance_module, "REPO_ROOT", tmp_path)
     commit, dirty = provenance_module.git_state()
     assert re.fullmatch(r"[0-9a-f]{40}", commit) and dirty is False
     (tmp_path / "new.txt").write_text("untracked files do not make the tree dirty")
+    assert provenance_module.git_state() == (commit, False)
+    # the study's outputs, rewritten chapter by chapter during a run, do not make the code dirty
+    (tmp_path / "reports" / "ch01.json").write_text('{"new": 1}')
     assert provenance_module.git_state() == (commit, False)
     (tmp_path / "a.txt").write_text("2")
     assert provenance_module.git_state() == (commit, True)

@@ -25,11 +25,14 @@ def _git(*args: str) -> str:
 
 
 def git_state() -> tuple[str, bool]:
-    """(the full 40-hex HEAD commit or "unknown", whether tracked files differ from it)."""
+    """(the full 40-hex HEAD commit or "unknown", whether tracked files outside ``reports/`` differ from it).
+
+    ``reports/`` is left out: it holds the study's outputs, which a reproduce run rewrites chapter by
+    chapter; what makes a result "of a commit" is the code, notebooks, parameters and data."""
     commit = _git("rev-parse", "HEAD")
     if not commit:
         return "unknown", False
-    return commit, bool(_git("status", "--porcelain", "--untracked-files=no"))
+    return commit, bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)reports"))
 
 
 def commit_label(prov: dict) -> str:
