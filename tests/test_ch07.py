@@ -207,8 +207,10 @@ def test_c8_counts_measured_checks_only():
     spec = pd.DataFrame({"batch": [1, 16], "gain": [1.5, 0.8]})
     prefix = pd.Series({"workload": "w", "ttft_speedup": 5.0, "ttft_low": 4.0, "ttft_high": 6.0,
                         "tpot_speedup": 1.0, "tpot_low": 0.9, "tpot_high": 1.1, "requests": 10})
-    sparse = pd.DataFrame({"context": [256, 2048], "speedup": [0.9, 1.6]})
-    inter = pd.DataFrame({"workload": ["w"], "stack": ["s"], "ratio": [0.6], "low": [0.5], "high": [0.7]})
+    sparse = pd.DataFrame({"context": [256, 2048], "speedup": [0.9, 1.6], "low": [0.85, 1.5], "high": [0.95, 1.7],
+                           "steps": [10, 10]})
+    inter = pd.DataFrame({"workload": ["w"], "stack": ["s"], "ratio": [0.6], "low": [0.5], "high": [0.7],
+                          "requests": [10]})
     checks = report.c8_checks(spec, prefix, sparse, inter)
     assert len(checks) == 4 and sum(not c["measured"] for c in checks.values()) == 1
     rows = report.judge_c8(checks, "c")
@@ -217,6 +219,10 @@ def test_c8_counts_measured_checks_only():
     assert report.judge_c8(report.c8_checks(spec, prefix, sparse, inter), "c")[0].verdict == HOLDS
     inter["high"] = 1.2
     assert report.judge_c8(report.c8_checks(spec, prefix, sparse, inter), "c")[0].verdict == CONDITIONAL
+    # checks whose CIs rest on too few units decide nothing
+    few = report.judge_c8(report.c8_checks(spec, prefix.copy().replace({10: 3}), sparse.assign(steps=3),
+                                           inter.assign(requests=3)), "c")
+    assert few[0].verdict == INCONCLUSIVE and all(r.verdict == INCONCLUSIVE for r in few[1:])
     with pytest.raises(StudylibError):
         report.judge_c8({}, "c")
 

@@ -9,6 +9,7 @@ modelled checks are shown and not counted.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import pkgutil
@@ -16,7 +17,15 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
-from studylib.claims import Verdict, decide_conditions, decide_parts, judge_at_least, judge_checks
+from studylib.claims import (
+    INCONCLUSIVE,
+    MIN_UNITS,
+    Verdict,
+    decide_conditions,
+    decide_parts,
+    judge_at_least,
+    judge_checks,
+)
 from studylib.errors import StudylibError
 from studylib.experiments import ch07_combined as cc
 from studylib.experiments.ch07_quality import QUALITY_BAR
@@ -278,16 +287,20 @@ def c8_checks(spec_gain: pd.DataFrame, prefix: pd.Series, sparse: pd.DataFrame,
         checks[f"prefix cache helps TTFT, not TPOT ({prefix.workload}: TTFT {prefix.ttft_speedup:.2f}x "
                f"[{prefix.ttft_low:.2f}, {prefix.ttft_high:.2f}], TPOT {prefix.tpot_speedup:.2f}x "
                f"[{prefix.tpot_low:.2f}, {prefix.tpot_high:.2f}], n={int(prefix.requests)})"] = {
-            "passed": bool(prefix.ttft_low > prefix.tpot_high), "measured": True}
+            "passed": bool(prefix.ttft_low > prefix.tpot_high), "measured": True, "n": int(prefix.requests),
+            "unit": "requests"}
     if len(sparse) >= 2:
         a, b = sparse.iloc[0], sparse.iloc[-1]
-        checks[f"sparse attention gain grows with context ({int(a.context)}: {a.speedup:.2f}x -> "
-               f"{int(b.context)}: {b.speedup:.2f}x)"] = {"passed": bool(b.speedup > a.speedup), "measured": True}
+        n = int(min(sparse.steps)) if "steps" in sparse else None
+        checks[f"sparse attention gain grows with context ({int(a.context)}: {a.speedup:.2f}x "
+               f"[{a.low:.2f}, {a.high:.2f}] -> {int(b.context)}: {b.speedup:.2f}x [{b.low:.2f}, {b.high:.2f}], "
+               f"n={n} steps)"] = {"passed": bool(b.low > a.high), "measured": True, "n": n, "unit": "repeats"}
     if len(interactions):
         off = interactions[(interactions.low > 1) | (interactions.high < 1)]
+        n = int(interactions.requests.min()) if "requests" in interactions else None
         vals = ", ".join(f"{r.workload} {r.ratio:.2f} [{r.low:.2f}, {r.high:.2f}]" for r in interactions.itertuples())
-        checks[f"stacked gains do not multiply (stack / product of parts: {vals})"] = {
-            "passed": bool(len(off)), "measured": True}
+        checks[f"stacked gains do not multiply (stack / product of parts: {vals}; n={n})"] = {
+            "passed": bool(len(off)), "measured": True, "n": n, "unit": "requests"}
     return checks
 
 
@@ -297,8 +310,16 @@ def judge_c8(checks: Mapping[str, dict], conditions: str) -> list[Verdict]:
     measured = {k: v for k, v in checks.items() if v["measured"]}
     if not measured:
         raise StudylibError("no measured interaction to judge C8 with; run the interaction cells.")
-    rows = [judge_checks("C8", name, {name: v["passed"]}, "gains are local and interact", conditions, cc.CHAPTER)
-            for name, v in measured.items()]
+    rows = []
+    for name, v in measured.items():
+        row = judge_checks("C8", name, {name: v["passed"]}, "gains are local and interact", conditions, cc.CHAPTER)
+        need = MIN_UNITS.get(v.get("unit") or "", 0)
+        if v.get("n") is None or v["n"] < need:
+            # the CIs this check compares rest on too few units: it decides nothing either way
+            row = dataclasses.replace(row, verdict=INCONCLUSIVE, n=v.get("n"), unit=v.get("unit"),
+                                      conditions=f"{row.conditions}; n={v.get('n')} < {need} {v.get('unit')}: "
+                                                 "too few units to decide")
+        rows.append(row)
     models = [k for k, v in checks.items() if not v["measured"]]
     note = f"not counted (models): {'; '.join(models)}" if models else ""
     return decide_conditions("C8", "measured interactions of the stacked gains", rows,

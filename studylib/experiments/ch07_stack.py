@@ -190,6 +190,7 @@ def interaction_frame(runs: pd.DataFrame, plans: Mapping[str, StackPlan], option
         stack = make_arm(plan.stack, options, attention).name
         parts = [make_arm((t,), options, attention).name for t in plan.stack]
         est = interaction(runs, wl, stack, parts)
+        n = int(((runs.workload == wl) & (runs.arm == stack)).sum())
         rows.append({"workload": wl, "stack": stack, "ratio": est["value"], "low": est["ci_low"],
-                     "high": est["ci_high"]})
-    return pd.DataFrame(rows, columns=["workload", "stack", "ratio", "low", "high"])
+                     "high": est["ci_high"], "requests": n})
+    return pd.DataFrame(rows, columns=["workload", "stack", "ratio", "low", "high", "requests"])

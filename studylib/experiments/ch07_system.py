@@ -235,5 +235,5 @@ def sparse_vs_context(model, spec: str, contexts: Sequence[int], steps: int = 4,
         e = ratio_estimate(times["dense"], times["sparse"])
         rows.append({"context": int(L), "dense_ms": 1e3 * float(np.median(times["dense"])),
                      "sparse_ms": 1e3 * float(np.median(times["sparse"])), "speedup": e.value,
-                     "low": e.ci_low, "high": e.ci_high})
+                     "low": e.ci_low, "high": e.ci_high, "steps": len(times["dense"])})
     return pd.DataFrame(rows)
