@@ -326,11 +326,14 @@ def judge_at_most(claim_id: str, metric: str, estimate: Any, threshold: float, c
 
 
 def judge_checks(claim_id: str, metric: str, checks: Mapping[str, bool], claimed: str, conditions: str,
-                 chapter: int, measured: Any = None, role: str = "decision") -> Verdict:
+                 chapter: int, measured: Any = None, role: str = "decision", n: int | None = None,
+                 unit: str | None = None) -> Verdict:
     """All-or-nothing: holds if every named check passes, otherwise does not hold (exactness, the
     distribution test, "outputs identical": a method exact on some workloads only is not exact).
 
-    ``measured`` (optional) is the number shown in the table; by default "k/N checks"."""
+    ``measured`` (optional) is the number shown in the table; by default "k/N checks". ``unit`` (with
+    ``n``): the checks compare CIs over ``n`` units of that kind; below ``MIN_UNITS[unit]`` they decide
+    nothing either way, and the row is inconclusive."""
     if not checks:
         raise ValueError("judge_checks needs at least one check")
     passed = [k for k, v in checks.items() if bool(v)]
@@ -339,9 +342,13 @@ def judge_checks(claim_id: str, metric: str, checks: Mapping[str, bool], claimed
     p = as_point(measured) if measured is not None else None
     note = _join(f"fails: {', '.join(failed)}" if failed else "",
                  f"passes: {', '.join(passed)}" if passed else "")
+    row_n = p.n if p and p.ci is not None else None
+    if unit is not None and (n is None or n < min_units(unit)):
+        verdict, row_n = INCONCLUSIVE, n
+        note = _join(note, f"n={n} < {min_units(unit)} {unit}: too few units to decide")
     return Verdict(claim_id, "", metric, p.value if p else f"{len(passed)}/{len(checks)} checks",
                    p.ci if p else None, claimed, verdict, _join(conditions, note), chapter,
-                   n=p.n if p and p.ci is not None else None, threshold=None, direction=CHECK, role=role)
+                   n=row_n, threshold=None, direction=CHECK, role=role, unit=unit if verdict == INCONCLUSIVE else None)
 
 
 _ORDER = {HOLDS: 3, CONDITIONAL: 2, INCONCLUSIVE: 1, FAILS: 0}

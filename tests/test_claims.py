@@ -202,3 +202,20 @@ def test_tables_render(tmp_path):
     (tmp_path / "ch06.json").write_text(json.dumps({"chapter": 6, "verdicts": [vs[1].to_dict()]}))
     (tmp_path / "ch01.json").write_text(json.dumps({"chapter": 1, "verdicts": [vs[0].to_dict()]}))
     assert [v.id for v in load_verdicts(tmp_path)] == ["C1", "C6"]
+
+
+def test_checks_that_compare_cis_need_their_units():
+    assert judge_checks("C8", "x", {"x": True}, "", "", 7, n=10, unit="requests").verdict == HOLDS
+    assert judge_checks("C8", "x", {"x": False}, "", "", 7, n=10, unit="requests").verdict == FAILS
+    few = judge_checks("C8", "x", {"x": True}, "", "", 7, n=3, unit="requests")
+    assert few.verdict == INCONCLUSIVE and few.n == 3 and "3 < 10 requests" in few.conditions
+    assert judge_checks("C8", "x", {"x": False}, "", "", 7, n=None, unit="repeats").verdict == INCONCLUSIVE
+
+
+def test_rotated_is_the_interleaving_order():
+    from studylib.bench.stats import rotated
+
+    assert rotated("abc", 0) == ["a", "b", "c"] and rotated("abc", 1) == ["b", "c", "a"]
+    assert rotated("abc", 4) == ["b", "c", "a"] and rotated([], 3) == []
+    # over as many units as arms, every arm runs first exactly once
+    assert sorted(rotated("abcd", k)[0] for k in range(4)) == list("abcd")

@@ -95,6 +95,17 @@ def ratio_estimate(baseline: Sequence[float], treated: Sequence[float], seed: in
     return Estimate(point, float(lo), float(hi), int(b.size), (b / t).tolist())
 
 
+def rotated(items: Sequence, k: int) -> list:
+    """``items`` in the order they run for unit ``k``: rotated by ``k`` places. Arms measured once per unit
+    run back to back in this order, so no arm always runs first and drift in machine load falls on every
+    arm alike (the study's "arms interleaved" rule)."""
+    items = list(items)
+    if not items:
+        return items
+    k %= len(items)
+    return items[k:] + items[:k]
+
+
 def timed_repeats(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> list[float]:
     """Wall-clock seconds of ``repeats`` calls after ``warmup`` discarded ones."""
     for _ in range(warmup):

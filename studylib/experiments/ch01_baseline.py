@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 
 from studylib.bench.roofline import decode_bytes_per_step, decode_flops_per_step, dtype_bytes
-from studylib.bench.stats import estimate
+from studylib.bench.stats import estimate, rotated
 from studylib.claims import CLAIMS, Verdict, decide_parts, judge_at_least, judge_at_most, judge_checks
 from studylib.decoding.common import Stopwatch
 from studylib.errors import StudylibError
@@ -68,8 +68,7 @@ def latency_by_length(model: LlamaModel, prompts: Sequence[Sequence[int]], lengt
     _timed_greedy(model, prompts[0], 2)  # warm-up: allocations and kernel selection stay out of the timings
     rows = []
     for i, ids in enumerate(prompts):
-        order = list(lengths[i % len(lengths):]) + list(lengths[:i % len(lengths)])
-        for n in order:
+        for n in rotated(lengths, i):
             rows.append({"prompt": i, "new_tokens": int(n), "seconds": _timed_greedy(model, ids, int(n))})
     return pd.DataFrame(rows)
 
@@ -109,8 +108,7 @@ def step_time_vs_batch(model: LlamaModel, batches: Sequence[int], context: int, 
         caches[b], toks[b] = cache, _random_ids(model.config, b, 1, seed, model.device)  # (B, 1)
     rows = []
     for r in range(repeats + 1):  # r == 0 warms up every batch size's kernels
-        k = r % len(batches)
-        for b in list(batches[k:]) + list(batches[:k]):
+        for b in rotated(batches, r):
             cache = caches[b]
             cache.truncate(context)
             clock = Stopwatch(model.device)

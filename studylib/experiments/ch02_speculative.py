@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from studylib.bench.stats import estimate, ratio_estimate
+from studylib.bench.stats import estimate, ratio_estimate, rotated
 from studylib.decoding import ar, prompt_lookup, speculative
 from studylib.decoding.speculative import expected_tokens
 from studylib.models import LlamaModel
@@ -145,9 +145,8 @@ def run_methods(runner: Runner, prompts: Sequence[Prompt], specs: Sequence[str],
         for r in range(repeats):
             # Arms interleaved: the order of the methods rotates from prompt to prompt (and repeat), so
             # drift in machine load falls on every arm alike; AR stays the reference whatever its turn.
-            k = (i + r) % len(specs)
             results = {}
-            for s in specs[k:] + specs[:k]:
+            for s in rotated(specs, i + r):
                 sampling = SamplingParams(temperature, seed=seed + r) if temperature > 0 else SamplingParams()
                 results[s] = runner.decode(s, p.ids, max_new_tokens, sampling)
             ref = results["ar"].token_ids

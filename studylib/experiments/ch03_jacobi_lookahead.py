@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from studylib.bench.stats import estimate, ratio_estimate
+from studylib.bench.stats import estimate, ratio_estimate, rotated
 from studylib.decoding import ar, jacobi, lookahead
 from studylib.models import DenseKVCache, LlamaModel
 from studylib.progress import progress_bar
@@ -145,8 +145,7 @@ def run_methods(model, tok, prompts: Sequence[Prompt], specs: Sequence[str], max
         for r in range(repeats):
             # Arms interleaved: the methods' order rotates per prompt and repeat, so drift in machine
             # load falls on every arm alike; AR stays the reference whatever its turn.
-            k = (i + r) % len(specs)
-            results = {s: decode(model, tok, s, p.ids, max_new_tokens) for s in specs[k:] + specs[:k]}
+            results = {s: decode(model, tok, s, p.ids, max_new_tokens) for s in rotated(specs, i + r)}
             ref = results["ar"].token_ids
             for s in specs:
                 res = results[s]

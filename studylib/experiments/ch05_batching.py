@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from studylib.bench.stats import ratio_estimate
+from studylib.bench.stats import ratio_estimate, rotated
 from studylib.claims import Verdict, decide_parts, judge_at_least
 from studylib.progress import progress_bar
 from studylib.serving import Engine, EngineConfig
@@ -91,8 +91,7 @@ def rate_sweep(model, tokenizer, items: Sequence[WorkloadItem], rates: Iterable[
     plan = []
     for r in rates:
         for k in range(repeats_at_saturation if math.isinf(r) else 1):
-            j = (k + len(plan)) % len(arms)
-            plan += [(s, p, r, k) for s, p in arms[j:] + arms[:j]]
+            plan += [(s, p, r, k) for s, p in rotated(arms, k + len(plan))]
     rows, timelines, outputs = [], {}, {}
     for sched, prefix, rate, k in progress_bar(plan, desc="ch05 sweep", leave=False):
         arm = arm_name(sched, prefix)

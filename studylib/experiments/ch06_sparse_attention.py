@@ -18,7 +18,7 @@ import torch
 
 from studylib.attention import Pattern, attention, make_cache
 from studylib.attention.patterns import Dense
-from studylib.bench.stats import estimate, ratio_estimate
+from studylib.bench.stats import estimate, ratio_estimate, rotated
 from studylib.claims import Verdict, decide_conditions, decide_parts, judge_at_most
 from studylib.experiments.ch06_long_context import (  # noqa: F401  (re-exported for the notebook)
     budget_specs,
@@ -121,7 +121,7 @@ def cost_curve(lengths: Sequence[int], patterns: Sequence[str], backends: Sequen
     rows = []
     # Repeats are the units of the exponent's CI: each repeat times every (length, pattern, backend) once,
     # in an order that rotates per repeat, so drift in machine load falls on every series alike.
-    plan = [(r, job) for r in range(repeats) for job in (jobs[r % len(jobs):] + jobs[:r % len(jobs)])]
+    plan = [(r, job) for r in range(repeats) for job in rotated(jobs, r)]
     for r, (T, spec, be) in progress_bar(plan, desc="attention cost", progress=progress):
         p = Pattern.parse(spec)
         q, k, v = inputs(T)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from studylib.bench.stats import ratio_estimate
+from studylib.bench.stats import ratio_estimate, rotated
 from studylib.decoding import decode, get_decoder
 from studylib.decoding.common import Stopwatch, eos_set
 from studylib.errors import StudylibError
@@ -214,8 +214,7 @@ def run_arms(model, tokenizer, workloads: Mapping[str, NamedWorkload],
             stores = {a.name: make_store(model, block_size, capacity_tokens) for a in todo if a.prefix_cache}
             done: dict[str, dict] = {a.name: {} for a in todo}
             for i, req in enumerate(wl.requests):
-                k = i % len(todo)
-                for arm in [*todo[k:], *todo[:k]]:  # rotate, so no arm always runs first
+                for arm in rotated(todo, i):  # no arm always runs first
                     prompt = wl.workload.prompt(req, done[arm.name], eos)
                     clock = Stopwatch(model.device)
                     res = decode_arm(model, tokenizer, arm, prompt, req.max_new_tokens, stores.get(arm.name))

@@ -9,7 +9,6 @@ modelled checks are shown and not counted.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import os
 import pkgutil
@@ -18,8 +17,6 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 
 from studylib.claims import (
-    INCONCLUSIVE,
-    MIN_UNITS,
     Verdict,
     decide_conditions,
     decide_parts,
@@ -310,16 +307,8 @@ def judge_c8(checks: Mapping[str, dict], conditions: str) -> list[Verdict]:
     measured = {k: v for k, v in checks.items() if v["measured"]}
     if not measured:
         raise StudylibError("no measured interaction to judge C8 with; run the interaction cells.")
-    rows = []
-    for name, v in measured.items():
-        row = judge_checks("C8", name, {name: v["passed"]}, "gains are local and interact", conditions, cc.CHAPTER)
-        need = MIN_UNITS.get(v.get("unit") or "", 0)
-        if v.get("n") is None or v["n"] < need:
-            # the CIs this check compares rest on too few units: it decides nothing either way
-            row = dataclasses.replace(row, verdict=INCONCLUSIVE, n=v.get("n"), unit=v.get("unit"),
-                                      conditions=f"{row.conditions}; n={v.get('n')} < {need} {v.get('unit')}: "
-                                                 "too few units to decide")
-        rows.append(row)
+    rows = [judge_checks("C8", name, {name: v["passed"]}, "gains are local and interact", conditions, cc.CHAPTER,
+                         n=v.get("n"), unit=v.get("unit")) for name, v in measured.items()]
     models = [k for k, v in checks.items() if not v["measured"]]
     note = f"not counted (models): {'; '.join(models)}" if models else ""
     return decide_conditions("C8", "measured interactions of the stacked gains", rows,

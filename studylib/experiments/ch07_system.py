@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from studylib.bench.stats import estimate, ratio_estimate
+from studylib.bench.stats import estimate, ratio_estimate, rotated
 from studylib.decoding.common import Stopwatch
 from studylib.experiments.ch05_interplay import reports_folder
 from studylib.experiments.ch07_combined import BASELINE, PREFIX, agreement, paired
@@ -92,7 +92,7 @@ def throughput(model, tokenizer, prompts: Sequence[tuple[str, list[int]]], max_n
                    "max_running": max_running, "block_size": block_size}
     ref = None
     rows = []
-    todo = [(r, p) for r in range(repeats) for p in policies[r % len(policies):] + policies[: r % len(policies)]]
+    todo = [(r, p) for r in range(repeats) for p in rotated(policies, r)]
     for r, pol in progress_bar(todo, desc="ch07 throughput", leave=False, progress=progress):
         if pol == AR_POLICY:
             out = _ar_run(model, tokenizer, prompts, max_new_tokens)

@@ -13,6 +13,8 @@ from studylib.claims import load_chapter, load_verdicts, study_decisions, verdic
 from studylib.workbook.paths import atomic_write
 
 # A light page around nbconvert's "basic" template (the "lab" template embeds ~280 KB of CSS).
+# The banner on a page made from a dirty git tree (chapter pages and the index).
+_DIRTY_CSS = ".studylib-dirty { background: #fff1c2; border: 1px solid #9a6700; padding: 0.6em 1em; margin: 1em 0; }\n"
 _NOTEBOOK_CSS = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, "PingFang SC", "Noto Sans CJK SC",
        "Microsoft YaHei", "WenQuanYi Micro Hei", sans-serif; max-width: 1000px; margin: 1.5em auto;
@@ -38,8 +40,7 @@ pre code { background: none; padding: 0; }
 .ansi-cyan-fg { color: #0a8a8a; } .ansi-yellow-fg { color: #9a6700; } .ansi-bold { font-weight: bold; }
 .studylib-error { background: #f8d4d4; border: 1px solid #c33; padding: 0.6em 1em; margin: 1em 0;
        font-family: monospace; white-space: pre-wrap; }
-.studylib-dirty { background: #fff1c2; border: 1px solid #9a6700; padding: 0.6em 1em; margin: 1em 0; }
-"""
+""" + _DIRTY_CSS
 DIRTY_NOTE = ("Made from a git tree with uncommitted changes to tracked files: these results belong to no "
               "commit, not even the one named here.")
 
@@ -97,10 +98,9 @@ table.chapters th { background: #f0f0f0; }
 .holds { background: #d9f2d9; } .cond { background: #fff1c2; } .unsure { background: #e4e4f0; } .fails { background: #f8d4d4; }
 .status-ok { color: #1a7f37; } .status-failed { color: #c33; font-weight: bold; }
 .error { font-family: monospace; font-size: 0.85em; color: #a22; white-space: pre-wrap; }
-.studylib-dirty { background: #fff1c2; border: 1px solid #9a6700; padding: 0.6em 1em; margin: 1em 0; }
 .dirty { background: #fff1c2; font-size: 0.85em; padding: 0 4px; border-radius: 3px; }
 a { color: #0b5cad; }
-"""
+""" + _DIRTY_CSS
 _BADGE = {"holds": "holds", "holds under conditions": "cond", "inconclusive": "unsure", "does not hold": "fails"}
 
 
