@@ -119,6 +119,49 @@ def test_wrapper_rejects_bad_head_dim_and_strides():
         tb.attention_triton(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, Pattern.parse("dense"))
 
 
+QUEST = [  # (B, H, Hkv, Tk, D), dtype, spec
+    ((1, 4, 4, 100, 64), torch.float32, "quest:budget=53,page=16,sinks=0,recent=5,dense=0"),
+    ((2, 9, 3, 257, 64), torch.bfloat16, "quest:budget=120,page=16,sinks=4,recent=20,dense=0"),
+    ((1, 6, 2, 131, 32), torch.float32, "quest:budget=40,page=7,sinks=3,recent=9,dense=0"),
+]
+
+
+@pytest.mark.parametrize("shape,dtype,spec", QUEST, ids=["mha", "gqa-bf16", "odd-page"])
+def test_quest_decode_matches_reference(shape, dtype, spec):
+    from studylib.attention.quest import quest_attention_ref, quest_mask_ref
+
+    b, h, hkv, tk, d = shape
+    q, k, v = _inputs(b, h, hkv, 1, tk, d, dtype, seed=tk)
+    p = Pattern.parse(spec)
+    out = attention(q, k, v, p, backend="triton")
+    ref = quest_attention_ref(q.float(), k.float(), v.float(), p)
+    # Plain PyTorch in the same dtype over the same selection bounds the error a kernel may have.
+    mask = quest_mask_ref(q, k, p).to(DEVICE)
+    g = h // hkv
+    scores = (q @ k.repeat_interleave(g, 1).transpose(-1, -2)) * d ** -0.5
+    plain = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1) @ v.repeat_interleave(g, 1)
+    torch_err = (plain.float() - ref).abs().max().item()
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert (out.float() - ref).abs().max().item() <= 2 * torch_err + 1e-5
+    torch.testing.assert_close(out.float(), attention(q, k, v, p, backend="torch").float(), atol=2e-2, rtol=2e-2)
+
+
+def test_quest_cache_on_the_triton_backend_equals_torch():
+    from studylib.attention import make_cache
+    from studylib.models import load_model
+
+    model = load_model("tiny-random")[0]
+    spec = "quest:budget=40,page=8,sinks=2,recent=6,dense=0"
+    ids = torch.randint(3, 250, (1, 90), generator=torch.Generator().manual_seed(4))
+    logits = {}
+    with torch.inference_mode():
+        for be in ("torch", "triton"):
+            cache = make_cache(spec, model.config, 100, backend=be)
+            model(ids, cache.begin(90))
+            logits[be] = model(torch.tensor([[5]]), cache.begin(1)).logits
+    torch.testing.assert_close(logits["triton"], logits["torch"], atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("spec", ["dense", "window:256", "sinks:4,252", "blocksparse:block=64,local=2,random=2"])
@@ -127,3 +170,16 @@ def test_gpu_kernels_at_realistic_sizes(spec, tq, tk):
     q, k, v = _inputs(2, 32, 8, tq, tk, 128, torch.bfloat16, seed=tq + tk)
     p = Pattern.parse(spec)
     _check_error(attention(q, k, v, p, backend="triton"), q, k, v, p)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("tk", [4097, 16385])
+def test_gpu_quest_decode_at_realistic_sizes(tk):
+    from studylib.attention.quest import quest_attention_ref
+
+    q, k, v = _inputs(2, 32, 8, 1, tk, 128, torch.bfloat16, seed=tk)
+    p = Pattern.parse("quest:budget=2048,page=16,sinks=4,recent=64,dense=0")
+    out = attention(q, k, v, p, backend="triton")
+    torch.testing.assert_close(out.float(), quest_attention_ref(q.float(), k.float(), v.float(), p).float(),
+                               atol=3e-2, rtol=3e-2)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from studylib.attention.dispatch import attention
-from studylib.attention.patterns import Dense, Pattern, Sinks, Window
+from studylib.attention.patterns import Dense, Pattern, Quest, Sinks, Window
 from studylib.attention.torch_backend import sparse_attention
 from studylib.errors import StudylibError
 from studylib.models.config import ModelConfig
@@ -162,13 +162,21 @@ def make_cache(spec: str | Pattern, cfg: ModelConfig, max_len: int, device="cpu"
     """The KV cache a decoder should use for attention pattern ``spec``.
 
     dense -> DenseKVCache; window / blocksparse -> PatternKVCache (all slots kept, sparse compute);
-    sinks -> SinkKVCache (bounded memory). ``evict=False`` forces the mask version for sinks;
+    sinks -> SinkKVCache (bounded memory); quest -> QuestKVCache (all slots kept, each decode step
+    reads the pages its query needs). ``evict=False`` forces the mask version for sinks;
     ``evict=True`` makes window evict too (a SinkKVCache with 0 sinks). ``backend`` picks the
     attention backend of PatternKVCache: torch (gather), masked (SDPA + mask), triton, cuda.
     """
     pattern = Pattern.parse(spec)
     if isinstance(pattern, Dense):
         return DenseKVCache(cfg, batch, max_len, device, dtype)
+    if isinstance(pattern, Quest):
+        if evict:
+            raise StudylibError(f"{pattern.spec} keeps every token by design (a later query may need any page); "
+                                "it cannot evict.")
+        from studylib.attention.quest import QuestKVCache
+
+        return QuestKVCache(cfg, batch, max_len, device, dtype, pattern, "triton" if backend == "triton" else "torch")
     if isinstance(pattern, Sinks | Window) and (evict or (evict is None and isinstance(pattern, Sinks))):
         return SinkKVCache(cfg, batch, max_len, device, dtype, sinks=pattern.sinks, window=pattern.window,
                            slack=slack)
@@ -179,3 +187,11 @@ def make_cache(spec: str | Pattern, cfg: ModelConfig, max_len: int, device="cpu"
         cache.mask_fn = pattern
         return cache
     return PatternKVCache(cfg, batch, max_len, device, dtype, pattern, backend)
+
+
+def __getattr__(name: str):
+    if name == "QuestKVCache":  # lives beside its selection code; re-exported for `from caches import`
+        from studylib.attention.quest import QuestKVCache
+
+        return QuestKVCache
+    raise AttributeError(name)

@@ -47,6 +47,10 @@ def attention(q, k, v, pattern: Pattern | str = "dense", backend: str = "torch")
     """
     pattern = Pattern.parse(pattern)
     check_qkv(q, k, v)
+    if pattern.kind == "quest":  # query-dependent: selection first, then the backend's gathered attention
+        from studylib.attention.quest import quest_attention
+
+        return quest_attention(q, k, v, pattern, backend=backend)
     if backend == "torch":
         from studylib.attention.torch_backend import sparse_attention
 

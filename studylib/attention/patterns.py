@@ -11,6 +11,13 @@ Spec grammar (``Pattern.parse``), positions counted from 0, causality always imp
   blocks of B; query block i sees key blocks i-L+1..i (local, its own included, L >= 1), blocks
   0..G-1 (global) and R further earlier blocks drawn by a seeded hash (random). Within the
   query's own block the token-level causal rule applies.
+- ``quest:budget=B,page=P,sinks=S,recent=R,dense=L`` (Quest, Tang et al. 2024; defaults page=16,
+  sinks=4, recent=64, dense=2), or positionally ``quest:B[,P,S,R,L]``: memory-augmented attention.
+  The cache keeps every token; each decode step reads the S first and R most recent keys plus the
+  pages (P keys each) whose key summaries promise the highest scores for that step's query, at most
+  B keys in all; the first L layers stay dense (Quest's choice: early layers attend broadly). The
+  choice depends on the query, so it is no fixed mask: ``mask`` is dense causal (prefill and
+  multi-token forwards stay dense) and ``studylib.attention.quest`` does the per-step selection.
 
 The pattern never produces an empty row for a real query (each query always sees itself); rows
 can only be empty for padding queries (position -1), and every backend returns 0 there.
@@ -28,7 +35,8 @@ from studylib.errors import StudylibError
 
 GRAMMAR = (
     "dense | window:W | sinks:S,W | blocksparse:block=B,local=L,global=G,random=R,seed=X "
-    "(or positionally blocksparse:B,L,G,R[,X]) "
+    "(or positionally blocksparse:B,L,G,R[,X]) | quest:budget=B,page=P,sinks=S,recent=R,dense=L "
+    "(or positionally quest:B[,P,S,R,L]; defaults page=16,sinks=4,recent=64,dense=2; B >= S + R + P) "
     "(blocksparse keys optional, defaults block=64,local=4,global=1,random=0,seed=0; all integers, "
     "W >= 1, S >= 0, B a power of two >= 16, L >= 1)"
 )
@@ -76,6 +84,16 @@ class Pattern:
             kw = _keywords(spec, args, defaults)
             return BlockSparse(block=kw["block"], local=kw["local"], n_global=kw["global"],
                                n_random=kw["random"], seed=kw["seed"])
+        if name == "quest":
+            defaults = {"budget": 0, "page": 16, "sinks": 4, "recent": 64, "dense": 2}
+            if args and "=" not in args:  # positional form, e.g. quest:1024 or quest:1024,16,4,64,2
+                vals = [a.strip() for a in args.split(",")]
+                if not 1 <= len(vals) <= 5 or not all(re.fullmatch(r"\d+", a) for a in vals):
+                    raise _bad(spec, "the positional form is quest:B or quest:B,P,S,R,L")
+                args = ",".join(f"{k}={v}" for k, v in zip(defaults, vals, strict=False))
+            kw = _keywords(spec, args, defaults)
+            return Quest(budget=kw["budget"], page=kw["page"], sinks=kw["sinks"], recent=kw["recent"],
+                         dense_layers=kw["dense"])
         raise _bad(spec, f"unknown pattern {name!r}" if name else "empty spec")
 
     def __post_init__(self) -> None:
@@ -123,6 +141,11 @@ class Pattern:
         cap = self.window + self.sinks if self.window else seq_len
         full = min(cap, seq_len)
         return full * (full + 1) // 2 + (seq_len - full) * cap
+
+    def read_tokens(self, seq_len: int, num_layers: int) -> float:
+        """K/V read by one decode step after ``seq_len`` tokens, in tokens' worth (all layers): the
+        bytes a step moves are this times one token's K and V in one layer."""
+        return float(self.kv_budget(seq_len) * num_layers)
 
     def density(self, seq_len: int) -> float:
         """Fraction of the causal (q, k) pairs this pattern keeps over a sequence of ``seq_len``."""
@@ -240,6 +263,57 @@ class BlockSparse(Pattern):
         full = torch.zeros(nqt, nkt * bn, dtype=torch.bool)
         full[:, :tk] = by_tile[:, cols_b]
         return act & full.view(nqt, nkt, bn).any(2)
+
+
+@dataclass(frozen=True)
+class Quest(Pattern):
+    """Query-aware page selection over a cache that keeps every token (see the module docstring).
+
+    ``window`` stays 0: as a static mask Quest is dense causal; ``sinks`` are the always-read first keys.
+    """
+
+    kind = "quest"
+    budget: int = 1024
+    page: int = 16
+    recent: int = 64
+    dense_layers: int = 2
+
+    def __post_init__(self) -> None:
+        if self.page < 1 or self.recent < 1 or self.sinks < 0 or self.dense_layers < 0:
+            raise _bad(self.spec, "need page >= 1, recent >= 1 (the query's own key), sinks >= 0, dense >= 0")
+        if self.budget < self.sinks + self.recent + self.page:
+            raise _bad(self.spec, f"budget={self.budget} must hold the sinks, the recent keys and at least one "
+                                  f"page: at least {self.sinks + self.recent + self.page}")
+
+    @property
+    def spec(self) -> str:
+        return (f"quest:budget={self.budget},page={self.page},sinks={self.sinks},recent={self.recent},"
+                f"dense={self.dense_layers}")
+
+    @property
+    def n_pages(self) -> int:
+        """Pages a step reads beside the sinks and the recent keys."""
+        return (self.budget - self.sinks - self.recent) // self.page
+
+    @property
+    def keys_read(self) -> int:
+        """Keys a selecting step reads: sinks + recent + whole pages (the budget rounded down to pages)."""
+        return self.sinks + self.recent + self.n_pages * self.page
+
+    def kv_budget(self, seq_len: int) -> int:
+        return min(seq_len, self.keys_read)
+
+    def selects(self, seq_len: int) -> bool:
+        """Whether a decode step over ``seq_len`` keys selects at all (within the budget it reads them all)."""
+        return seq_len > self.keys_read
+
+    def read_tokens(self, seq_len: int, num_layers: int) -> float:
+        # A page summary (min and max per channel) is the size of one token's K and V.
+        if not self.selects(seq_len):
+            return float(seq_len * num_layers)
+        sparse = self.kv_budget(seq_len) + -(-seq_len // self.page)
+        dense = min(self.dense_layers, num_layers)
+        return float(dense * seq_len + (num_layers - dense) * sparse)
 
 
 @functools.lru_cache(maxsize=128)

@@ -157,6 +157,57 @@ def _decode_kernel(
     tl.store(L + base + g, l_i, mask=g < G)
 
 
+@triton.jit
+def _quest_decode_kernel(
+    Q, K, V, O, Idx,
+    sqb, sqh, skb, skh, skn, svb, svh, svn, sob, soh, sib, sih,
+    Hkv, G, n_idx, qk_scale,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
+    PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    """Quest's decode step: one program = (batch, KV head); its G query heads are the rows of one tile
+    and it walks the selected key slots (Idx, -1 = skip) in blocks, gathering K and V rows by slot.
+    The selection is made on the host (``quest.select_tokens``); this is the read it pays for."""
+    pid = tl.program_id(0)
+    b = pid // Hkv
+    hk = pid % Hkv
+    g = tl.arange(0, BLOCK_G)
+    heads = hk * G + g
+    d = tl.arange(0, HEAD_D)
+    q = tl.load(Q + b * sqb + heads[:, None] * sqh + d[None, :], mask=g[:, None] < G, other=0.0)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_D], tl.float32)
+    Kb = K + b * skb + hk * skh
+    Vb = V + b * svb + hk * svh
+    Ib = Idx + b * sib + hk * sih
+    for n0 in range(0, n_idx, BLOCK_N):
+        j = n0 + tl.arange(0, BLOCK_N)
+        slot = tl.load(Ib + j, mask=j < n_idx, other=-1)
+        live = slot >= 0
+        safe = tl.where(live, slot, 0)
+        k = tl.load(Kb + safe[None, :] * skn + d[:, None], mask=live[None, :], other=0.0)  # (D, BN)
+        v = tl.load(Vb + safe[:, None] * svn + d[None, :], mask=live[:, None], other=0.0)  # (BN, D)
+        if DOT_F32:
+            s = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee") * qk_scale
+        else:
+            s = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # (BLOCK_G, BN), log2 units
+        s = tl.where(live[None, :] & (g[:, None] < G), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if DOT_F32:
+            pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(O + b * sob + heads[:, None] * soh + d[None, :], out.to(O.dtype.element_ty), mask=g[:, None] < G)
+
+
 # --------------------------------------------------------------------------------------------------
 # Wrappers
 # --------------------------------------------------------------------------------------------------
@@ -262,3 +313,26 @@ def attention_triton(q, k, v, pattern: Pattern) -> torch.Tensor:
     if q.shape[2] == 1:
         return decode(q, k, v, pattern)
     return prefill(q, k, v, pattern)
+
+
+def quest_decode(q, k, v, idx: torch.Tensor, block_n: int = 64, num_warps: int = 4) -> torch.Tensor:
+    """Quest's decode attention: q (B, H, 1, D) over the key slots idx (B, Hkv, L) int32 of k/v
+    (B, Hkv, T, D), -1 marking slots to skip. Returns (B, H, 1, D) in q's dtype."""
+    _check(q, k, v)
+    B, H, _, D = q.shape
+    Hkv = k.shape[1]
+    if idx.shape[:2] != (B, Hkv) or idx.dtype != torch.int32:
+        raise StudylibError(f"quest_decode wants idx (B={B}, Hkv={Hkv}, L) int32; got {tuple(idx.shape)} {idx.dtype}.")
+    idx = idx.contiguous()
+    o = torch.empty(B, H, 1, D, device=q.device, dtype=q.dtype)
+    extra = {} if _interpreted() else dict(num_warps=num_warps)
+    meta = _meta(q, Pattern())
+    _quest_decode_kernel[(B * Hkv,)](
+        q, k, v, o, idx,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+        o.stride(0), o.stride(1), idx.stride(0), idx.stride(1),
+        Hkv, H // Hkv, idx.shape[2], meta["qk_scale"],
+        BLOCK_G=max(16, triton.next_power_of_2(H // Hkv)), BLOCK_N=block_n, HEAD_D=D,
+        PRECISION=meta["PRECISION"], DOT_F32=meta["DOT_F32"], **extra,
+    )
+    return o

@@ -1,0 +1,246 @@
+"""Quest (Tang et al., ICML 2024): query-aware page selection over a KV cache that keeps every token.
+
+The cache is cut into pages of P consecutive keys. Each page keeps a summary of its keys: the
+per-channel minimum and maximum. For a query q, no key k in the page can score more than
+
+    bound(page) = sum_d max(q_d * min_d, q_d * max_d) = q+ . max + q- . min      (q+ = max(q, 0), q- = min(q, 0))
+
+so the summaries rank pages by an *upper bound* on the attention score they could hold. A decode step
+reads the first S keys (sinks), the R most recent keys (the query's own included) and the top pages by
+bound, B keys in all, and attends to those only. Nothing is evicted: a page skipped now is read the
+moment a later query needs it, which is what "memory-augmented" buys over a window.
+
+GQA. SmolLM2 shares each KV head among G query heads. Selecting per query head would read up to G
+different page sets from one KV head; here one set is chosen per KV head, so a step reads exactly B
+keys per KV head. A page's group score is the best, over the G heads, of its bound minus that head's
+best bound (a bound on log(weight / best page's weight), so heads with large logits do not drown the
+others). With G = 1 this is Quest's own per-head ranking.
+
+Layout of this module: the selection (shared by every backend), the torch backend and the pure-
+PyTorch reference, then ``QuestKVCache``. The Triton kernel (``triton_backend.quest_decode``) takes
+the selected token indices and does the gathering attention in one pass.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from studylib.attention.patterns import Quest
+from studylib.errors import StudylibError
+from studylib.models.config import ModelConfig
+from studylib.models.kv import DenseKVCache
+
+
+# --------------------------------------------------------------------------------------------------
+# Page summaries and selection
+# --------------------------------------------------------------------------------------------------
+def page_summaries(k: torch.Tensor, page: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-page, per-channel min and max of keys k (B, Hkv, T, D): two (B, Hkv, ceil(T/P), D) tensors.
+    A last partial page is summarised over the keys it holds."""
+    B, Hkv, T, D = k.shape
+    n = -(-T // page)
+    pad = n * page - T
+    lo = F.pad(k, (0, 0, 0, pad), value=float("inf")) if pad else k
+    hi = F.pad(k, (0, 0, 0, pad), value=float("-inf")) if pad else k
+    return lo.reshape(B, Hkv, n, page, D).amin(3), hi.reshape(B, Hkv, n, page, D).amax(3)
+
+
+def page_bounds(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -> torch.Tensor:
+    """Upper bound of q . k over each page: q (B, H, D) against summaries (B, Hkv, NP, D) -> (B, H, NP).
+    Unscaled (the 1/sqrt(D) of attention does not change the order)."""
+    B, H, D = q.shape
+    Hkv = kmin.shape[1]
+    qg = q.reshape(B, Hkv, H // Hkv, D).float()  # fp32 ranks: 16-bit sums would reorder close pages
+    bound = qg.clamp(min=0) @ kmax.float().transpose(-1, -2) + qg.clamp(max=0) @ kmin.float().transpose(-1, -2)
+    return bound.reshape(B, H, -1)
+
+
+def select_tokens(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, seq_len: int,
+                  pattern: Quest) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys one decode step reads: (idx, valid), both (B, Hkv, S + pages * P + R).
+
+    ``idx`` holds key slots (sinks, then the chosen pages' slots, then the recent keys); ``valid`` is
+    False for slots that must not count: beyond ``seq_len``, or already among the sinks or recent keys
+    (a page overlapping them is read whole but each key is counted once). q is (B, H, D); kmin/kmax
+    hold at least ceil(seq_len / P) pages.
+    """
+    P, S, R = pattern.page, pattern.sinks, pattern.recent
+    if not pattern.selects(seq_len):
+        raise StudylibError(f"{pattern.spec} reads every key at {seq_len} tokens; attend densely instead.")
+    B, H, _ = q.shape
+    Hkv = kmin.shape[1]
+    n_pages = -(-seq_len // P)
+    dev = q.device
+    first = torch.arange(n_pages, device=dev) * P
+    last = torch.clamp(first + P, max=seq_len) - 1
+    cand = (last >= S) & (first < seq_len - R)  # pages holding a key that is neither sink nor recent
+    bound = page_bounds(q, kmin[:, :, :n_pages], kmax[:, :, :n_pages]).masked_fill(~cand, float("-inf"))
+    rel = bound - bound.amax(-1, keepdim=True)  # per head, relative to its best page
+    score = rel.reshape(B, Hkv, H // Hkv, n_pages).amax(2).masked_fill(~cand, float("-inf"))
+    k_pages = min(pattern.n_pages, int(cand.sum()))
+    # Stable sort, not topk: with G heads up to G pages tie at score 0 (each head's best page); the
+    # lower page wins a tie, so every backend and the reference read the same pages.
+    top = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., :k_pages]  # (B, Hkv, k)
+    pages = (top[..., None] * P + torch.arange(P, device=dev)).reshape(B, Hkv, k_pages * P)
+    sinks = torch.arange(S, device=dev).expand(B, Hkv, S)
+    recent = torch.arange(seq_len - R, seq_len, device=dev).expand(B, Hkv, R)
+    idx = torch.cat([sinks, pages, recent], dim=-1)
+    valid = torch.cat([torch.ones_like(sinks, dtype=torch.bool), (pages >= S) & (pages < seq_len - R),
+                       torch.ones_like(recent, dtype=torch.bool)], dim=-1)
+    return idx, valid
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention over the selection: torch backend and reference
+# --------------------------------------------------------------------------------------------------
+def gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor,
+                     valid: torch.Tensor) -> torch.Tensor:
+    """q (B, H, 1, D) attends to k/v (B, Hkv, >= slots, D) at slots idx (B, Hkv, L) where valid."""
+    B, H, _, D = q.shape
+    Hkv, L = idx.shape[1], idx.shape[2]
+    gi = idx[..., None].expand(B, Hkv, L, D)
+    kg, vg = k.gather(2, gi), v.gather(2, gi)  # only the selected keys are read
+    mask = valid[:, :, None, None, :].expand(B, Hkv, H // Hkv, 1, L).reshape(B, H, 1, L)
+    return F.scaled_dot_product_attention(q, kg, vg, attn_mask=mask, enable_gqa=True)
+
+
+def quest_attention(q, k, v, pattern: Quest, kmin=None, kmax=None, backend: str = "torch") -> torch.Tensor:
+    """Quest attention of q (B, H, Tq, D) over k/v (B, Hkv, T, D). Prefill (Tq > 1) and steps within
+    the budget are dense; a decode step past the budget reads its selection. Summaries are computed
+    from k when not given (a cache keeps them up to date instead)."""
+    from studylib.attention.torch_backend import dense_sdpa
+
+    T = k.shape[2]
+    if q.shape[2] > 1 or not pattern.selects(T):
+        return dense_sdpa(q, k, v)
+    if kmin is None or kmax is None:
+        kmin, kmax = page_summaries(k, pattern.page)
+    idx, valid = select_tokens(q[:, :, 0], kmin, kmax, T, pattern)
+    if backend == "triton":
+        from studylib.attention.triton_backend import quest_decode
+
+        return quest_decode(q, k, v, torch.where(valid, idx, -1).to(torch.int32))
+    if backend not in ("torch", "masked"):
+        raise StudylibError(f"quest runs on the torch or triton backend, not {backend!r}.")
+    return gather_attention(q, k, v, idx, valid)
+
+
+def quest_mask_ref(q: torch.Tensor, k: torch.Tensor, pattern: Quest) -> torch.Tensor:
+    """The reference's view of one decode step: (B, H, 1, T) bool, which keys each query head sees,
+    built with plain loops over pages from the raw keys (no cached summaries, no gathering)."""
+    B, H, _, D = q.shape
+    Hkv, T = k.shape[1], k.shape[2]
+    G = H // Hkv
+    P, S, R = pattern.page, pattern.sinks, pattern.recent
+    vis = torch.zeros(B, H, 1, T, dtype=torch.bool)
+    if not pattern.selects(T):
+        vis[:] = True
+        return vis
+    qf, kf = q[:, :, 0].double().cpu(), k.double().cpu()
+    for b in range(B):
+        for hk in range(Hkv):
+            scores = []
+            for p0 in range(0, T, P):
+                keys = kf[b, hk, p0: p0 + P]
+                if p0 + keys.shape[0] - 1 < S or p0 >= T - R:
+                    continue
+                lo, hi = keys.min(0).values, keys.max(0).values
+                rel = []
+                for h in range(hk * G, hk * G + G):
+                    rel.append(torch.maximum(qf[b, h] * lo, qf[b, h] * hi).sum())
+                scores.append((p0, rel))
+            best = [max(s[1][j] for s in scores) for j in range(G)]
+            ranked = sorted(scores, key=lambda s: -max(float(r - m) for r, m in zip(s[1], best, strict=True)))
+            seen = torch.zeros(T, dtype=torch.bool)
+            seen[:S] = True
+            seen[T - R:] = True
+            for p0, _ in ranked[: pattern.n_pages]:
+                seen[p0: p0 + P] = True
+            vis[b, hk * G: hk * G + G, 0] = seen
+    return vis
+
+
+def quest_attention_ref(q, k, v, pattern: Quest) -> torch.Tensor:
+    """Dense fp32 attention under ``quest_mask_ref``: the ground truth the backends are tested against."""
+    G = q.shape[1] // k.shape[1]
+    mask = quest_mask_ref(q, k, pattern).to(q.device)
+    kf, vf = k.float().repeat_interleave(G, 1), v.float().repeat_interleave(G, 1)
+    scores = (q.float() @ kf.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    p = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)
+    return (p @ vf).to(q.dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# The cache
+# --------------------------------------------------------------------------------------------------
+class QuestKVCache(DenseKVCache):
+    """A ``DenseKVCache`` (every token kept) plus per-page key summaries per layer; plain single-token
+    decode steps past the budget read only their selection, everything else attends densely.
+
+    Prefill, verification trees, padded batches and multi-token steps stay dense (Quest selects for
+    decode only), so a speculative decoder over this cache verifies exactly what it would verify over
+    a dense one; only single-token steps are approximated. ``keys_read`` counts the keys the last
+    step read per layer and KV head, for the bytes-per-step figures.
+    """
+
+    def __init__(self, cfg: ModelConfig, batch: int, max_len: int, device, dtype, pattern: Quest,
+                 backend: str = "torch"):
+        super().__init__(cfg, batch, max_len, device, dtype)
+        self.pattern, self.backend = pattern, backend
+        n_pages = -(-max_len // pattern.page)
+        shape = (batch, cfg.num_kv_heads, n_pages, cfg.head_dim)
+        self.kmin = [torch.full(shape, float("inf"), device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+        self.kmax = [torch.full(shape, float("-inf"), device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+        self._select = False
+        self.keys_read = 0.0
+
+    @property
+    def nbytes(self) -> int:
+        return super().nbytes + sum(t.numel() * t.element_size() for t in self.kmin + self.kmax)
+
+    def begin(self, n, tree_mask=None, valid=None, positions=None):
+        super().begin(n, tree_mask=tree_mask, valid=valid, positions=positions)
+        plain = tree_mask is None and positions is None and not self.padded
+        self._select = plain and n == 1 and self.pattern.selects(self.length)
+        self.keys_read = self.pattern.read_tokens(self.length, len(self.k)) if self._select else \
+            float(self.length * len(self.k))
+        return self
+
+    def _summarise(self, layer: int, s: int, e: int) -> None:
+        """Recompute the summaries of the pages that slots s..e-1 fall in, from the stored keys (a
+        page's later slots may be stale after a rollback; the summary covers slots < e only)."""
+        P = self.pattern.page
+        p0, p1 = s // P, (e - 1) // P + 1
+        lo, hi = page_summaries(self.k[layer][:, :, p0 * P: e], P)
+        self.kmin[layer][:, :, p0:p1] = lo
+        self.kmax[layer][:, :, p0:p1] = hi
+
+    def attend(self, layer, q, k, v):
+        s, n = self._start, self._n
+        self.k[layer][:, :, s: s + n] = k
+        self.v[layer][:, :, s: s + n] = v
+        self._summarise(layer, s, s + n)
+        L = s + n
+        if not self._select or layer < self.pattern.dense_layers:
+            keys, vals = self.k[layer][:, :, :L], self.v[layer][:, :, :L]
+            return F.scaled_dot_product_attention(q, keys, vals, attn_mask=self._mask, is_causal=self._causal,
+                                                  enable_gqa=True)
+        idx, valid = select_tokens(q[:, :, 0], self.kmin[layer], self.kmax[layer], L, self.pattern)
+        if self.backend == "triton":
+            from studylib.attention.triton_backend import quest_decode
+
+            return quest_decode(q, self.k[layer], self.v[layer], torch.where(valid, idx, -1).to(torch.int32))
+        return gather_attention(q, self.k[layer], self.v[layer], idx, valid)
+
+    def copy_from(self, other: DenseKVCache) -> QuestKVCache:
+        """Take over a dense cache's contents (e.g. one prefill shared by several arms) and summarise it."""
+        L = other.length
+        for layer in range(len(self.k)):
+            self.k[layer][:, :, :L] = other.k[layer][:, :, :L]
+            self.v[layer][:, :, :L] = other.v[layer][:, :, :L]
+            if L:
+                self._summarise(layer, 0, L)
+        self.valid[:, :L] = other.valid[:, :L]
+        self.next_pos, self.padded, self.length = other.next_pos.clone(), other.padded, L
+        return self
