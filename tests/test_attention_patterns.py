@@ -331,7 +331,17 @@ def _docs(ratios):
 
     rng = np.random.default_rng(1)
     return pd.DataFrame([{"document": d, "pattern": spec, "ppl_ratio": r * (1 + 0.001 * rng.standard_normal()),
-                          "kl": 0.01, "top1": 0.98} for spec, r in ratios.items() for d in range(10)])
+                          "kl": 0.01, "top1": 0.98, "greedy_agreement": 0.9} for spec, r in ratios.items()
+                         for d in range(10)])
+
+
+def _decode_timings(ms: dict[str, float], reps: int = 5, T: int = 4096):
+    import pandas as pd
+
+    rng = np.random.default_rng(2)
+    return pd.DataFrame([{"pattern": spec, "kind": spec.split(":")[0], "seq_len": T, "rep": r,
+                          "ms_per_token": m * (1 + 0.01 * rng.standard_normal()), "kv_read_mb": 1.0, "kv_held_mb": 1.0}
+                         for r in range(reps) for spec, m in ms.items()])
 
 
 def test_judge_c6_decides_on_one_configuration_with_both_parts():
@@ -340,17 +350,19 @@ def test_judge_c6_decides_on_one_configuration_with_both_parts():
     cost = _synthetic_cost_repeats()
     assert ch06.exponent_estimate(cost, "window:8").value == pytest.approx(1, abs=0.02)
     assert ch06.exponent_estimate(cost, "dense").value == pytest.approx(2, abs=0.02)
-    # window is fast but loses quality, sinks is fast and within 1%: holds under conditions, for sinks only
-    rows = ch06.judge_c6(cost, _docs({"window:8": 1.5, "sinks:2,14": 1.002}), "synthetic")
+    fast = _decode_timings({"dense": 90.0, "window:8": 50.0, "quest:budget=128": 60.0})
+    # window is fast but loses quality, quest is fast and within 1%: holds under conditions, for quest only
+    rows = ch06.judge_c6(fast, _docs({"window:8": 1.5, "quest:budget=128": 1.002}), "synthetic", 4096)
     assert rows[0].role == "decision" and rows[0].verdict == "holds under conditions"
-    assert "holds for: sinks:2,14" in rows[0].conditions and "window:8 (does not hold)" in rows[0].conditions
+    assert "holds for: quest:budget=128" in rows[0].conditions and "window:8 (does not hold)" in rows[0].conditions
     assert {r.unit for r in rows[1:]} == {"repeats", "documents"}
-    # quality alone (no configuration with linear cost) is not the claim
-    slow = cost.assign(seconds=np.where(cost.pattern == "sinks:2,14", 1e-6 * cost.seq_len**2, cost.seconds))
-    assert ch06.judge_c6(slow, _docs({"sinks:2,14": 1.002}), "s")[0].verdict == "does not hold"
-    # three repeats decide nothing
-    few = cost[cost.rep < 3]
-    assert ch06.judge_c6(few, _docs({"sinks:2,14": 1.002}), "s")[0].verdict == "inconclusive"
+    # quality alone (no faster configuration) is not the claim
+    slow = _decode_timings({"dense": 90.0, "quest:budget=128": 120.0})
+    assert ch06.judge_c6(slow, _docs({"quest:budget=128": 1.002}), "s", 4096)[0].verdict == "does not hold"
+    # three repeats decide nothing; nor does a length that was not timed
+    few = _decode_timings({"dense": 90.0, "quest:budget=128": 60.0}, reps=3)
+    assert ch06.judge_c6(few, _docs({"quest:budget=128": 1.002}), "s", 4096)[0].verdict == "inconclusive"
+    assert ch06.judge_c6(fast, _docs({"quest:budget=128": 1.002}), "s", 8192)[0].verdict == "inconclusive"
 
 
 def test_pair_ratio_is_the_work_bound():

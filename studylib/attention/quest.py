@@ -23,6 +23,8 @@ the selected token indices and does the gathering attention in one pass.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -56,38 +58,44 @@ def page_bounds(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -> torc
     return bound.reshape(B, H, -1)
 
 
+@functools.lru_cache(maxsize=8)
+def _step_plan(seq_len: int, pattern: Quest, device: str):
+    """What a step at ``seq_len`` keys shares across layers and heads: the candidate pages (holding a key
+    that is neither sink nor recent), how many to read, and the fixed sink and recent slots."""
+    P, S, R = pattern.page, pattern.sinks, pattern.recent
+    n_pages = -(-seq_len // P)
+    first = torch.arange(n_pages, device=device) * P
+    last = torch.clamp(first + P, max=seq_len) - 1
+    cand = (last >= S) & (first < seq_len - R)
+    fixed = torch.cat([torch.arange(S, device=device), torch.arange(seq_len - R, seq_len, device=device)])
+    return n_pages, cand, min(pattern.n_pages, int(cand.sum())), fixed
+
+
 def select_tokens(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, seq_len: int,
                   pattern: Quest) -> tuple[torch.Tensor, torch.Tensor]:
-    """The keys one decode step reads: (idx, valid), both (B, Hkv, S + pages * P + R).
+    """The keys one decode step reads: (idx, valid), both (B, Hkv, S + R + pages * P).
 
-    ``idx`` holds key slots (sinks, then the chosen pages' slots, then the recent keys); ``valid`` is
-    False for slots that must not count: beyond ``seq_len``, or already among the sinks or recent keys
-    (a page overlapping them is read whole but each key is counted once). q is (B, H, D); kmin/kmax
-    hold at least ceil(seq_len / P) pages.
+    ``idx`` holds key slots (sinks and recent keys, then the chosen pages' slots); ``valid`` is False
+    for slots that must not count: beyond ``seq_len``, or already among the sinks or recent keys (a page
+    overlapping them is read whole but each key is counted once). q is (B, H, D); kmin/kmax hold at
+    least ceil(seq_len / P) pages.
     """
     P, S, R = pattern.page, pattern.sinks, pattern.recent
     if not pattern.selects(seq_len):
         raise StudylibError(f"{pattern.spec} reads every key at {seq_len} tokens; attend densely instead.")
     B, H, _ = q.shape
     Hkv = kmin.shape[1]
-    n_pages = -(-seq_len // P)
-    dev = q.device
-    first = torch.arange(n_pages, device=dev) * P
-    last = torch.clamp(first + P, max=seq_len) - 1
-    cand = (last >= S) & (first < seq_len - R)  # pages holding a key that is neither sink nor recent
+    n_pages, cand, k_pages, fixed = _step_plan(seq_len, pattern, str(q.device))
     bound = page_bounds(q, kmin[:, :, :n_pages], kmax[:, :, :n_pages]).masked_fill(~cand, float("-inf"))
     rel = bound - bound.amax(-1, keepdim=True)  # per head, relative to its best page
-    score = rel.reshape(B, Hkv, H // Hkv, n_pages).amax(2).masked_fill(~cand, float("-inf"))
-    k_pages = min(pattern.n_pages, int(cand.sum()))
+    score = rel.reshape(B, Hkv, H // Hkv, n_pages).amax(2)  # non-candidates stay -inf
     # Stable sort, not topk: with G heads up to G pages tie at score 0 (each head's best page); the
     # lower page wins a tie, so every backend and the reference read the same pages.
     top = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., :k_pages]  # (B, Hkv, k)
-    pages = (top[..., None] * P + torch.arange(P, device=dev)).reshape(B, Hkv, k_pages * P)
-    sinks = torch.arange(S, device=dev).expand(B, Hkv, S)
-    recent = torch.arange(seq_len - R, seq_len, device=dev).expand(B, Hkv, R)
-    idx = torch.cat([sinks, pages, recent], dim=-1)
-    valid = torch.cat([torch.ones_like(sinks, dtype=torch.bool), (pages >= S) & (pages < seq_len - R),
-                       torch.ones_like(recent, dtype=torch.bool)], dim=-1)
+    pages = (top[..., None] * P + torch.arange(P, device=q.device)).reshape(B, Hkv, k_pages * P)
+    idx = torch.cat([fixed.expand(B, Hkv, S + R), pages], dim=-1)
+    valid = torch.cat([torch.ones(B, Hkv, S + R, dtype=torch.bool, device=q.device),
+                       (pages >= S) & (pages < seq_len - R)], dim=-1)
     return idx, valid
 
 
@@ -99,8 +107,12 @@ def gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     """q (B, H, 1, D) attends to k/v (B, Hkv, >= slots, D) at slots idx (B, Hkv, L) where valid."""
     B, H, _, D = q.shape
     Hkv, L = idx.shape[1], idx.shape[2]
-    gi = idx[..., None].expand(B, Hkv, L, D)
-    kg, vg = k.gather(2, gi), v.gather(2, gi)  # only the selected keys are read
+    T = k.shape[2]
+    # One row gather over (batch, head, slot) flattened: much faster on CPU than gather() with an index
+    # expanded over head_dim. Only the selected keys are read.
+    flat = (idx + (torch.arange(B * Hkv, device=idx.device) * T).view(B, Hkv, 1)).reshape(-1)
+    kg = k.reshape(B * Hkv * T, D).index_select(0, flat).view(B, Hkv, L, D)
+    vg = v.reshape(B * Hkv * T, D).index_select(0, flat).view(B, Hkv, L, D)
     mask = valid[:, :, None, None, :].expand(B, Hkv, H // Hkv, 1, L).reshape(B, H, 1, L)
     return F.scaled_dot_product_attention(q, kg, vg, attn_mask=mask, enable_gqa=True)
 

@@ -19,16 +19,25 @@ import torch
 from studylib.attention import Pattern, attention, make_cache
 from studylib.attention.patterns import Dense
 from studylib.bench.stats import estimate, ratio_estimate, rotated
-from studylib.claims import Verdict, decide_conditions, decide_parts, judge_at_most
-from studylib.experiments.ch06_long_context import (  # noqa: F401  (re-exported for the notebook)
-    budget_specs,
+from studylib.claims import Verdict, decide_conditions, decide_parts, judge_at_least, judge_at_most
+from studylib.experiments.ch06_decode import (  # noqa: F401  (re-exported for the notebook)
+    decode_cost,
+    decode_speedup,
+    decode_summary,
     document_quality,
     document_summary,
-    explain_frontier,
+    explain_decode_cost,
     explain_needle,
+    needle_grid,
+    needle_summary,
+    plot_decode_cost,
+    plot_needle,
+)
+from studylib.experiments.ch06_long_context import (  # noqa: F401  (re-exported for the notebook)
+    budget_specs,
+    explain_frontier,
     explain_quality,
     long_context_quality,
-    needle_test,
     plot_frontier,
     plot_nll_gap,
     quality_summary,
@@ -41,6 +50,12 @@ ANCHORS = pd.DataFrame([
      "result": "4 attention sinks + recent window keep perplexity stable up to 4M tokens"},
     {"source": "StreamingLLM (Xiao et al., ICLR 2024)", "hardware": "A100", "model": "Llama-2-7B/13B",
      "result": "up to 22.2x faster per decoded token than a sliding window with re-computation"},
+    {"source": "Quest (Tang et al., ICML 2024)", "hardware": "GPU, 32k-token context", "model": "7B-class long-context models",
+     "result": "up to 7.03x self-attention speed-up, 2.23x end-to-end decoding speed-up, negligible accuracy loss"},
+    {"source": "H2O (Zhang et al., NeurIPS 2023)", "hardware": "GPU", "model": "OPT-6.7B / OPT-30B",
+     "result": "heavy-hitter eviction with 20% of the KV cache; up to 29x throughput over offloading systems"},
+    {"source": "DuoAttention (Xiao et al., ICLR 2025)", "hardware": "GPU", "model": "Llama-2/3, Mistral",
+     "result": "full attention on retrieval heads only: decoding up to 2.18x (MHA) / 1.50x (GQA) faster"},
     {"source": "FlashAttention-2 (Dao, 2023)", "hardware": "A100", "model": "attention forward, dense",
      "result": "50-73% of theoretical peak FLOP/s (up to ~230 TFLOP/s fwd+bwd)"},
     {"source": "FlashAttention-3 (Shah et al., 2024)", "hardware": "H100 SXM5", "model": "attention forward, FP16",
@@ -246,7 +261,7 @@ def kv_memory(cfg, lengths: Sequence[int], specs: Sequence[str], dtype: str = "f
                 for layer in range(cfg.num_layers):
                     view.attend(layer, q, kv, kv)
                 fed += n
-            held = sum(t.numel() * t.element_size() for t in cache.k + cache.v)
+            held = cache.nbytes  # Quest's include its page summaries
             rows.append({"pattern": spec, "seq_len": T, "kv_mb": held / 2**20})
     return pd.DataFrame(rows)
 
@@ -270,16 +285,42 @@ def explain_cost(fits: pd.DataFrame, cross: pd.DataFrame, speed: dict) -> str:
     return s
 
 
-def aim_table(speed: dict, summary: pd.DataFrame, patterns: Sequence[str], n_tokens: int) -> pd.DataFrame:
-    """The issue's CPU aim: at 8k tokens window-512 >= 8x faster than dense, perplexity within 1%."""
-    rows = [{"aim": f"{speed['pattern']} >= 8x faster than dense attention at {speed['seq_len']} tokens "
+def aim_table(speed: dict, summary: pd.DataFrame, patterns: Sequence[str], n_tokens: int,
+              decode: pd.DataFrame | None = None, docs: pd.DataFrame | None = None,
+              needle: pd.DataFrame | None = None, quest_pattern: str | None = None,
+              speed_len: int | None = None) -> pd.DataFrame:
+    """The performance aims of this chapter, each beside what was measured (benchmarks, one run):
+    window attention >= 8x below dense at the longest length; static patterns within 1% on the text;
+    and, for Quest at its budget: >= 2x faster per decoded token than dense at ``speed_len``, perplexity
+    ratio <= 1.01 over the documents, the needle found wherever dense finds it."""
+
+    rows = [{"aim": f"{speed['pattern']} attention >= 8x faster than dense at {speed['seq_len']} tokens "
                     f"(work bound {speed['pair_ratio']:.2f}x)",
-             "measured": speed["value"], "met": bool(speed["value"] >= 8)}]
+             "measured": f"{speed['value']:.2f}x", "met": bool(speed["value"] >= 8)}]
     for pat in patterns:
         q = summary[summary.pattern == pat]
         ratio = float(q["ppl_ratio"].iloc[0]) if len(q) else float("nan")
-        rows.append({"aim": f"{pat}: perplexity within 1% of dense ({n_tokens} tokens of text)", "measured": ratio,
-                     "met": bool(ratio <= 1.01)})
+        rows.append({"aim": f"{pat}: perplexity within 1% of dense ({n_tokens} tokens of text)",
+                     "measured": f"{ratio:.4f}", "met": bool(ratio <= 1.01)})
+    if quest_pattern and decode is not None and speed_len:
+        sp = decode_speedup(decode, speed_len, quest_pattern)
+        rows.append({"aim": f"{quest_pattern}: >= 2x faster per decoded token than dense at {speed_len} tokens",
+                     "measured": f"{sp['value']:.2f}x (CI {sp['ci_low']:.2f}-{sp['ci_high']:.2f})",
+                     "met": bool(sp["value"] >= 2)})
+    if quest_pattern and docs is not None and len(docs):
+        d = document_summary(docs)
+        d = d[d.pattern == quest_pattern]
+        if len(d):
+            r = d.iloc[0]
+            rows.append({"aim": f"{quest_pattern}: perplexity ratio <= 1.01 over {r.documents} documents",
+                         "measured": f"{r.ppl_ratio:.4f} (CI {r.ppl_ratio_low:.4f}-{r.ppl_ratio_high:.4f})",
+                         "met": bool(r.ppl_ratio <= 1.01)})
+    if quest_pattern and needle is not None and len(needle):
+        key = ["length", "depth", "seed"]
+        ok = needle[(needle.pattern == "dense") & needle.found][key]
+        m = ok.merge(needle[needle.pattern == quest_pattern], on=key)
+        rows.append({"aim": f"{quest_pattern}: the needle found wherever dense finds it",
+                     "measured": f"{int(m.found.sum())} of {len(m)}", "met": bool(len(m) and m.found.all())})
     return pd.DataFrame(rows)
 
 
@@ -295,7 +336,8 @@ def explain_kv(kv: pd.DataFrame) -> str:
             "block-sparse) saves compute but not memory; only evicting tokens (sinks) bounds the cache.")
 
 
-def ours_vs_anchors(fits: pd.DataFrame, speed: dict, summary: pd.DataFrame, model: str, hardware: str) -> pd.DataFrame:
+def ours_vs_anchors(fits: pd.DataFrame, speed: dict, summary: pd.DataFrame, model: str, hardware: str,
+                    decode: pd.DataFrame | None = None) -> pd.DataFrame:
     """Published anchors with our comparable numbers appended, same columns."""
     dense = fits[(fits.kind == "dense")]
     win = fits[(fits.kind.isin(["window", "sinks"])) & (fits.backend == "torch")]
@@ -308,6 +350,14 @@ def ours_vs_anchors(fits: pd.DataFrame, speed: dict, summary: pd.DataFrame, mode
         ours.append({"source": "this study (sink cache)", "hardware": hardware, "model": model,
                      "result": f"{r.pattern}: perplexity {r.ppl_ratio:.3f}x dense at {summary.kv_budget.max()} tokens "
                                f"(budget {r.budget_frac:.0%})"})
+    if decode is not None and len(decode):
+        from studylib.experiments.ch06_decode import decode_summary
+
+        ds = decode_summary(decode)
+        at = ds[(ds.context == ds.context.max()) & (ds.pattern != "dense")]
+        for r in at.itertuples():
+            ours.append({"source": "this study (decode, whole model)", "hardware": hardware, "model": model,
+                         "result": f"{r.pattern}: {r.speedup_vs_dense:.2f}x dense decoding speed at {r.context} tokens"})
     return pd.concat([ANCHORS, pd.DataFrame(ours)], ignore_index=True)
 
 
@@ -330,26 +380,29 @@ def exponent_estimate(cost: pd.DataFrame, pattern: str, backend: str = "torch"):
     return estimate(slopes)
 
 
-def judge_c6(cost: pd.DataFrame, docs: pd.DataFrame, conditions: str, exponent_bar: float = 1.2,
+def judge_c6(decode: pd.DataFrame, docs: pd.DataFrame, conditions: str, speed_len: int,
              quality_bar: float = 1.01) -> list[Verdict]:
-    """C6 is one claim with two parts that must hold for the same configuration: attention free of the
-    quadratic law (time exponent <= ``exponent_bar``, CI over repeats, torch backend, fitted where the
-    pattern is sparse) AND >99% of quality kept (perplexity ratio to dense <= ``quality_bar``, CI over
-    documents). Each configuration run for quality is judged on both; the configurations are then the
-    conditions of one decision (holds under conditions names the configurations that meet both)."""
+    """C6 is one claim with two parts that must hold for the same configuration: the configuration
+    decodes faster than dense at ``speed_len`` tokens of context (the speed-up's CI over repeats above
+    1: the quadratic cost, paid per token as a step that grows with the context, is gone where it
+    bites) AND it keeps >99% of quality (perplexity ratio to dense <= ``quality_bar``, CI over documents,
+    read in decode mode past the budget). Each configuration run for quality is judged on both; the
+    configurations are then the conditions of one decision, which names those that meet both."""
+
     summary = document_summary(docs)
     decisions, names = [], []
     for r in summary.itertuples():
-        speed = judge_at_most("C6", f"attention-time exponent, {r.pattern}", exponent_estimate(cost, r.pattern),
-                              exponent_bar, "free of the quadratic law (dense ~2)", conditions, CHAPTER,
-                              unit="repeats")
+        sp = decode_speedup(decode, speed_len, r.pattern)
+        speed = judge_at_least("C6", f"decode speed-up over dense at {speed_len} tokens, {r.pattern}", sp["estimate"],
+                               1.0, "faster than dense attention at long context", conditions, CHAPTER,
+                               unit="repeats")
         qual = judge_at_most("C6", f"perplexity ratio vs dense, {r.pattern} (KL {r.kl_nats:.3g} nats, top-1 "
-                             f"{r.top1_agreement:.1%})", r.estimate, quality_bar, ">99% of quality kept",
-                             conditions, CHAPTER, unit="documents")
-        decisions.append(decide_parts("C6", f"{r.pattern}: linear cost AND within 1%", [speed, qual], "",
+                             f"{r.top1_agreement:.1%}, greedy {r.greedy_agreement:.0%})", r.estimate, quality_bar,
+                             ">99% of quality kept", conditions, CHAPTER, unit="documents")
+        decisions.append(decide_parts("C6", f"{r.pattern}: faster than dense AND within 1%", [speed, qual], "",
                                       conditions, CHAPTER))
         names.append(r.pattern)
-    rows = decide_conditions("C6", "one configuration both linear in cost and within 1% of dense",
+    rows = decide_conditions("C6", "one configuration both faster than dense and within 1% of its quality",
                              [d[0] for d in decisions], "quadratic cost removed and >99% quality kept", conditions,
                              CHAPTER, names=names)
     return [rows[0], *[p for d in decisions for p in d[1:]]]
