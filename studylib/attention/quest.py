@@ -12,9 +12,10 @@ moment a later query needs it, which is what "memory-augmented" buys over a wind
 
 GQA. SmolLM2 shares each KV head among G query heads. Selecting per query head would read up to G
 different page sets from one KV head; here one set is chosen per KV head, so a step reads exactly B
-keys per KV head. A page's group score is the best, over the G heads, of its bound minus that head's
-best bound (a bound on log(weight / best page's weight), so heads with large logits do not drown the
-others). With G = 1 this is Quest's own per-head ranking.
+keys per KV head. A page's group score is the largest of its G bounds: an upper bound on the largest
+logit any head of the group could give a key in it. With G = 1 this is Quest's own per-head ranking.
+(Normalising each head by its best page first, so that every head has an equal say, measured worse:
+diffuse heads then outvote the head that points at a retrieved fact, and the needle test lost it.)
 
 Layout of this module: the selection (shared by every backend), the torch backend and the pure-
 PyTorch reference, then ``QuestKVCache``. The Triton kernel (``triton_backend.quest_decode``) takes
@@ -87,10 +88,9 @@ def select_tokens(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, seq_l
     Hkv = kmin.shape[1]
     n_pages, cand, k_pages, fixed = _step_plan(seq_len, pattern, str(q.device))
     bound = page_bounds(q, kmin[:, :, :n_pages], kmax[:, :, :n_pages]).masked_fill(~cand, float("-inf"))
-    rel = bound - bound.amax(-1, keepdim=True)  # per head, relative to its best page
-    score = rel.reshape(B, Hkv, H // Hkv, n_pages).amax(2)  # non-candidates stay -inf
-    # Stable sort, not topk: with G heads up to G pages tie at score 0 (each head's best page); the
-    # lower page wins a tie, so every backend and the reference read the same pages.
+    score = bound.reshape(B, Hkv, H // Hkv, n_pages).amax(2)  # non-candidates stay -inf
+    # Stable sort, not topk: on a tie the lower page wins, so every backend and the reference read the
+    # same pages.
     top = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., :k_pages]  # (B, Hkv, k)
     pages = (top[..., None] * P + torch.arange(P, device=q.device)).reshape(B, Hkv, k_pages * P)
     idx = torch.cat([fixed.expand(B, Hkv, S + R), pages], dim=-1)
@@ -162,8 +162,7 @@ def quest_mask_ref(q: torch.Tensor, k: torch.Tensor, pattern: Quest) -> torch.Te
                 for h in range(hk * G, hk * G + G):
                     rel.append(torch.maximum(qf[b, h] * lo, qf[b, h] * hi).sum())
                 scores.append((p0, rel))
-            best = [max(s[1][j] for s in scores) for j in range(G)]
-            ranked = sorted(scores, key=lambda s: -max(float(r - m) for r, m in zip(s[1], best, strict=True)))
+            ranked = sorted(scores, key=lambda s: -max(float(r) for r in s[1]))
             seen = torch.zeros(T, dtype=torch.bool)
             seen[:S] = True
             seen[T - R:] = True

@@ -7,7 +7,8 @@ other patterns are read the same way beside it:
   the K/V bytes a step reads (the cache is filled with random keys: a step's work depends on how many
   keys it reads, not on their values; Quest reads its full budget whatever the keys).
 - ``document_quality``: per independent document of real text, the context is prefilled, then the
-  last ``scored`` tokens are teacher-forced one step at a time and compared with dense (perplexity
+  last ``scored`` tokens are teacher-forced (one step at a time where the pattern selects per step)
+  and compared with dense (perplexity
   ratio, KL, top-1) at exactly the positions where the patterns differ from dense; then a greedy
   continuation is compared with dense's.
 - ``needle_grid``: a code hidden at a given depth of a real-text haystack; the question is fed token
@@ -227,9 +228,11 @@ def document_quality(model, tokenizer, specs: Sequence[str], n_docs: int, n_toke
                      progress: bool = True) -> pd.DataFrame:
     """Per document (``long_text`` with its own seed: the units of the quality CIs) and pattern.
 
-    The first ``n_tokens - scored`` tokens are prefilled; the last ``scored`` are fed one decode step
-    at a time, and each step's next-token distribution is compared with dense's: perplexity ratio over
-    those positions, mean KL(dense || pattern) and top-1 agreement. Then ``gen_tokens`` greedy tokens
+    The first ``n_tokens - scored`` tokens are prefilled; the last ``scored`` are then fed one decode
+    step at a time to Quest (it selects per step) and as one chunk to the fixed-mask arms and dense (the
+    same numbers as step by step: a fixed mask gives each position the same keys either way), and each
+    position's next-token distribution is compared with dense's: perplexity ratio over those positions,
+    mean KL(dense || pattern) and top-1 agreement. Then ``gen_tokens`` greedy tokens
     continue the text, compared with dense's continuation (share of tokens equal, position by position).
     Every scored position lies past each pattern's budget when ``n_tokens - scored`` exceeds it, so
     the figures count only positions where a pattern can differ from dense.
@@ -246,13 +249,18 @@ def document_quality(model, tokenizer, specs: Sequence[str], n_docs: int, n_toke
         ctx, tail = ids[: n_tokens - scored], ids[n_tokens - scored:]
         caches = prefill_arms(model, ctx, specs, scored + gen_tokens, chunk)
         logp, cont = {}, {}
+        x = torch.tensor([tail], device=model.device)
         for spec, cache in caches.items():
-            steps = [F.log_softmax(_step(model, cache, t), -1) for t in tail[:-1]]
-            logp[spec] = torch.stack(steps)  # (scored - 1, V): predictions of tail[1:]
-            out, logits = [], _step(model, cache, tail[-1])
+            if Pattern.parse(spec).kind == "quest":  # selects per decode step: feed the tail one token at a time
+                logits = torch.stack([_step(model, cache, t) for t in tail])
+            else:  # a fixed mask gives every position the same keys in one chunk as one step at a time
+                with torch.inference_mode():
+                    logits = model(x, cache.begin(len(tail)), logits="all").logits[0].float()
+            logp[spec] = F.log_softmax(logits[:-1], -1)  # predictions of tail[1:]
+            out, nxt = [], logits[-1]
             for _ in range(gen_tokens):
-                out.append(int(logits.argmax()))
-                logits = _step(model, cache, out[-1])
+                out.append(int(nxt.argmax()))
+                nxt = _step(model, cache, out[-1])
             cont[spec] = out
         y = torch.tensor(tail[1:], device=logp["dense"].device)[:, None]
         ref = logp["dense"]

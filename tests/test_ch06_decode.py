@@ -1,0 +1,59 @@
+"""Chapter 6's decode-mode measurements on the tiny random model: the protocol, not the numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from studylib.experiments import ch06_decode as d
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from studylib.models import load_model
+
+    return load_model("tiny-random")
+
+
+def test_patterns_that_see_everything_score_exactly_like_dense(tiny):
+    model, tok = tiny
+    # A window as long as the text and a Quest budget covering it are dense attention in disguise: the
+    # chunked (window) and step-by-step (Quest) paths must both reproduce dense.
+    docs = d.document_quality(model, tok, ["window:400", "quest:budget=400,page=8,sinks=2,recent=8,dense=0"],
+                              n_docs=2, n_tokens=200, scored=12, gen_tokens=4, chunk=64, progress=False)
+    assert len(docs) == 4 and set(docs.scored) == {11}
+    assert docs.ppl_ratio.sub(1).abs().max() < 1e-4 and docs.kl.abs().max() < 1e-5
+    assert (docs.top1 == 1).all() and (docs.greedy_agreement == 1).all()
+
+
+def test_a_small_budget_differs_from_dense_and_the_summary_counts_documents(tiny):
+    model, tok = tiny
+    docs = d.document_quality(model, tok, ["sinks:2,14", "quest:budget=32,page=8,sinks=2,recent=6,dense=0"],
+                              n_docs=2, n_tokens=200, scored=12, gen_tokens=2, chunk=64, progress=False)
+    summary = d.document_summary(docs)
+    assert list(summary.documents) == [2, 2]
+    assert (summary.kl_nats > 0).all()
+
+
+def test_needle_grid_marks_what_a_fixed_pattern_can_reach(tiny):
+    model, tok = tiny
+    nd = d.needle_grid(model, tok, ["window:32", "quest:budget=48,page=8,sinks=2,recent=8,dense=0"], [160],
+                       [0.1, 0.9], gen_tokens=2, chunk=64, progress=False)
+    assert len(nd) == 6 and set(nd.pattern) == {"dense", "window:32", "quest:budget=48,page=8,sinks=2,recent=8,dense=0"}
+    assert nd[nd.pattern == "dense"].reachable.all()
+    win = nd[nd.pattern == "window:32"]
+    assert not win.reachable.any() and (win.distance > 32).all()  # the needle lies beyond a 32-key window
+    assert nd[nd.kind == "quest"].reachable.isna().all()
+    assert (nd.length <= 160).all()
+
+
+def test_decode_cost_rows_and_speedup_pairing(tiny):
+    model, _ = tiny
+    dc = d.decode_cost(model, [64, 128], ["sinks:2,14", "quest:budget=32,page=8,sinks=2,recent=6,dense=0"],
+                       repeats=2, steps=2, progress=False)
+    assert len(dc) == 2 * 3 * 2 and (dc.ms_per_token > 0).all()
+    sp = d.decode_speedup(dc, 128, "sinks:2,14")
+    assert sp["n"] == 2 and sp["value"] > 0
+    assert d.decode_speedup(dc, 999, "sinks:2,14")["n"] == 0  # a length not timed: no estimate
+    s = d.decode_summary(dc)
+    dense_read = s[(s.pattern == "dense") & (s.context == 128)].kv_read_mb.iloc[0]
+    assert s[(s.pattern == "sinks:2,14") & (s.context == 128)].kv_read_mb.iloc[0] < dense_read
