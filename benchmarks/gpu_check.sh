@@ -19,6 +19,10 @@ fi
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$OUT/nvidia_smi.csv" 2>&1 || true
 
+echo "== gpu profile dry run =="
+"$PY" -m studylib.cli reproduce --profile gpu --dry-run 2>&1 | tee "$OUT/dry_run.log"
+dry_rc=${PIPESTATUS[0]}
+
 echo "== gpu tests =="
 "$PY" -m pytest -q -m gpu tests --junitxml "$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}
@@ -34,10 +38,11 @@ timing_rc=$?
   echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "- git: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "- gpu: $(head -2 "$OUT/nvidia_smi.csv" | tail -1)"
+  echo "- gpu profile dry run: exit $dry_rc"
   echo "- gpu tests: exit $tests_rc ($(tail -1 "$OUT/gpu_tests.log"))"
   echo "- timing: exit $timing_rc (see attention_timing.md)"
   echo
   [ -f "$OUT/attention_timing.md" ] && cat "$OUT/attention_timing.md"
 } > "$OUT/SUMMARY.md"
 echo "wrote $OUT/SUMMARY.md"
-[ "$tests_rc" -eq 0 ] && [ "$timing_rc" -eq 0 ]
+[ "$dry_rc" -eq 0 ] && [ "$tests_rc" -eq 0 ] && [ "$timing_rc" -eq 0 ]

@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--init", default=None, help="jacobi: initial guess (pad | random | prompt)")
     g.add_argument("--window", type=int, default=None, help="lookahead: window W")
     g.add_argument("--guesses", type=int, default=None, help="lookahead: verification candidates G")
-    g.add_argument("--attention", default=None, help="ar: dense | window:W | sinks:S,W | blocksparse:...")
+    g.add_argument("--attention", default=None, help="ar: dense | window:W | sinks:S,W | blocksparse:... | quest:budget=B (see README, Attention patterns)")
 
 
 def _options(args: argparse.Namespace) -> dict:
@@ -60,6 +60,10 @@ def _options(args: argparse.Namespace) -> dict:
             given["gamma"] = int(given["gamma"])
         except ValueError:
             raise StudylibError(f"--gamma must be an integer or 'adaptive', got {given['gamma']!r}.") from None
+    if "attention" in given:  # a misspelt pattern fails here, before the model loads
+        from studylib.attention import Pattern
+
+        Pattern.parse(given["attention"])
     return given
 
 

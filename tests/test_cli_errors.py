@@ -83,3 +83,18 @@ def test_bench_serve_nothing_completed_for_another_cause_exits_1(capsys, monkeyp
     code, out, err = run(capsys, *SERVE, "--max-new-tokens", "4", "--json")
     assert code == 1 and out == ""
     assert err.startswith("studylib: error: none of the 3 requests completed") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("spec,needle", [("quest:budget=10", "budget=10"), ("quest:budget=100,pages=16", "pages=16"),
+                                         ("window", "expected 1")])
+def test_generate_bad_attention_pattern(capsys, spec, needle):
+    code, out, err = run(capsys, "generate", "--model", "tiny-random", "--attention", spec, "--prompt", "hi")
+    assert_one_line_error(code, err, needle, "grammar", "quest:budget=B")
+    assert out == ""
+
+
+def test_generate_with_quest_attention_runs(capsys):
+    code, out, err = run(capsys, "generate", "--model", "tiny-random", "--attention", "quest:budget=80,recent=8",
+                         "--prompt", "hello " * 40, "--max-new-tokens", "4", "--json")
+    assert code == 0, err
+    assert json.loads(out.splitlines()[-1])["new_tokens"] == 4

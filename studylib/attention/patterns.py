@@ -92,6 +92,9 @@ class Pattern:
                     raise _bad(spec, "the positional form is quest:B or quest:B,P,S,R,L")
                 args = ",".join(f"{k}={v}" for k, v in zip(defaults, vals, strict=False))
             kw = _keywords(spec, args, defaults)
+            why = _quest_problem(kw["budget"], kw["page"], kw["sinks"], kw["recent"], kw["dense"])
+            if why:
+                raise _bad(spec, why)  # name the spec as written, not its canonical form
             return Quest(budget=kw["budget"], page=kw["page"], sinks=kw["sinks"], recent=kw["recent"],
                          dense_layers=kw["dense"])
         raise _bad(spec, f"unknown pattern {name!r}" if name else "empty spec")
@@ -279,11 +282,9 @@ class Quest(Pattern):
     dense_layers: int = 2
 
     def __post_init__(self) -> None:
-        if self.page < 1 or self.recent < 1 or self.sinks < 0 or self.dense_layers < 0:
-            raise _bad(self.spec, "need page >= 1, recent >= 1 (the query's own key), sinks >= 0, dense >= 0")
-        if self.budget < self.sinks + self.recent + self.page:
-            raise _bad(self.spec, f"budget={self.budget} must hold the sinks, the recent keys and at least one "
-                                  f"page: at least {self.sinks + self.recent + self.page}")
+        why = _quest_problem(self.budget, self.page, self.sinks, self.recent, self.dense_layers)
+        if why:
+            raise _bad(self.spec, why)
 
     @property
     def spec(self) -> str:
@@ -314,6 +315,15 @@ class Quest(Pattern):
         sparse = self.kv_budget(seq_len) + -(-seq_len // self.page)
         dense = min(self.dense_layers, num_layers)
         return float(dense * seq_len + (num_layers - dense) * sparse)
+
+
+def _quest_problem(budget: int, page: int, sinks: int, recent: int, dense: int) -> str | None:
+    if page < 1 or recent < 1 or sinks < 0 or dense < 0:
+        return "need page >= 1, recent >= 1 (the query's own key), sinks >= 0, dense >= 0"
+    if budget < sinks + recent + page:
+        return (f"budget={budget} must hold the sinks, the recent keys and at least one page: at least "
+                f"{sinks + recent + page}")
+    return None
 
 
 @functools.lru_cache(maxsize=128)
