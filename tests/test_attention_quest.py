@@ -192,3 +192,55 @@ def test_copy_from_a_dense_prefill_then_decode_like_a_fresh_cache(tiny):
 def test_quest_never_evicts(tiny):
     with pytest.raises(StudylibError, match="evict"):
         make_cache("quest:budget=100", tiny.config, 200, evict=True)
+
+
+# --- the fused C kernel (CPU decode) -----------------------------------------------------------------
+def _c_or_skip():
+    from studylib.attention.quest import kernel_backend
+
+    if kernel_backend() != "c":
+        pytest.skip("the Quest C kernel does not build here (no C compiler or no AVX2)")
+
+
+@pytest.mark.parametrize("b,h,hkv,t,d,spec", [
+    (1, 9, 3, 3000, 64, "quest:budget=1024"),
+    (2, 4, 4, 500, 32, "quest:budget=100,page=8,sinks=2,recent=9,dense=0"),
+    (1, 6, 2, 301, 24, "quest:budget=60,page=7,sinks=0,recent=5,dense=0"),  # head_dim not a multiple of 8
+])
+def test_c_kernel_matches_reference(b, h, hkv, t, d, spec):
+    from studylib.attention.quest import quest_decode_c
+
+    _c_or_skip()
+    p = Pattern.parse(spec)
+    g = torch.Generator().manual_seed(t)
+    q = torch.randn(b, h, 1, d, generator=g)
+    k, v = (torch.randn(b, hkv, t + 40, d, generator=g) for _ in range(2))  # slots past t must be ignored
+    n_max = -(-(t + 40) // p.page)
+    lo = torch.full((b, hkv, n_max, d), float("inf"))
+    hi = torch.full((b, hkv, n_max, d), float("-inf"))
+    slo, shi = page_summaries(k[:, :, :t], p.page)
+    lo[:, :, : slo.shape[2]], hi[:, :, : shi.shape[2]] = slo, shi
+    want = quest_attention_ref(q, k[:, :, :t].contiguous(), v[:, :, :t].contiguous(), p)
+    torch.testing.assert_close(quest_decode_c(q, k, v, lo, hi, t, p), want, atol=1e-5, rtol=1e-5)
+
+
+def test_cache_decodes_the_same_with_the_c_kernel_and_with_torch(tiny, monkeypatch):
+    _c_or_skip()
+    spec = "quest:budget=40,page=8,sinks=2,recent=6,dense=1"
+    ids = torch.randint(3, 250, (1, 90), generator=torch.Generator().manual_seed(5))
+    logits = {}
+    for mode in ("c", "torch"):
+        monkeypatch.setenv("STUDYLIB_QUEST_KERNEL", mode)
+        cache = make_cache(spec, tiny.config, 110)
+        with torch.inference_mode():
+            tiny(ids, cache.begin(90))
+            logits[mode] = torch.cat([tiny(torch.tensor([[t]]), cache.begin(1)).logits for t in (5, 9, 11)])
+    torch.testing.assert_close(logits["c"], logits["torch"], atol=1e-5, rtol=1e-5)
+
+
+def test_kernel_setting_is_checked(monkeypatch):
+    from studylib.attention.quest import _c_kernel
+
+    monkeypatch.setenv("STUDYLIB_QUEST_KERNEL", "fast")
+    with pytest.raises(StudylibError, match="STUDYLIB_QUEST_KERNEL='fast'"):
+        _c_kernel()

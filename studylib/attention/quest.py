@@ -18,8 +18,14 @@ logit any head of the group could give a key in it. With G = 1 this is Quest's o
 diffuse heads then outvote the head that points at a retrieved fact, and the needle test lost it.)
 
 Layout of this module: the selection (shared by every backend), the torch backend and the pure-
-PyTorch reference, then ``QuestKVCache``. The Triton kernel (``triton_backend.quest_decode``) takes
-the selected token indices and does the gathering attention in one pass.
+PyTorch reference, the fused C kernel for CPU decode, then ``QuestKVCache``. The Triton kernel
+(``triton_backend.quest_decode``) takes the selected token indices and does the gathering attention.
+
+On CPU a fp32 ``QuestKVCache`` runs ``csrc/quest_decode.c``: scoring, selection and attention in one
+call per layer, reading straight from the cache (the eager version spends more on ~15 small ops and
+two copies per layer than the bytes it saves). ``STUDYLIB_QUEST_KERNEL`` = ``auto`` (default: the C
+kernel where it builds), ``c`` (it or a clear error) or ``torch``; ``kernel_backend()`` names the one in
+use and the tests hold both to the reference.
 """
 
 from __future__ import annotations
@@ -183,6 +189,72 @@ def quest_attention_ref(q, k, v, pattern: Quest) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------------------
+# The fused CPU kernel
+# --------------------------------------------------------------------------------------------------
+_C_STATE: dict = {}
+
+
+def _c_kernel():
+    """The loaded C function, or None (torch path) with the reason in _C_STATE["why"]."""
+    import ctypes
+    import os
+
+    setting = os.environ.get("STUDYLIB_QUEST_KERNEL", "auto").strip().lower() or "auto"
+    if setting in _C_STATE:
+        return _C_STATE[setting]
+    if setting not in ("auto", "c", "torch"):
+        raise StudylibError(f"STUDYLIB_QUEST_KERNEL={setting!r} is not one of auto, c, torch; unset it or pick one.")
+    fn = None
+    if setting != "torch":
+        from pathlib import Path
+
+        from studylib.models.cpu_linear import _cpu_has_avx2_fma, compile_kernel
+
+        try:
+            if not _cpu_has_avx2_fma():
+                raise StudylibError("this CPU lacks AVX2/FMA")
+            lib = ctypes.CDLL(str(compile_kernel(Path(__file__).parent / "csrc" / "quest_decode.c")))
+            fn = lib.quest_decode_f32
+            fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 11 + [ctypes.c_float, ctypes.c_int]
+            fn.restype = None
+        except (StudylibError, OSError) as err:
+            if setting == "c":
+                raise StudylibError(f"STUDYLIB_QUEST_KERNEL=c, but the C kernel is unavailable ({err}); install a "
+                                    "C compiler on an AVX2 machine, or set it to auto or torch.") from None
+            _C_STATE["why"] = str(err)
+    _C_STATE[setting] = fn
+    return fn
+
+
+def kernel_backend() -> str:
+    """``c`` or ``torch``: what a fp32 CPU QuestKVCache decode step runs on this machine right now."""
+    return "c" if _c_kernel() is not None else "torch"
+
+
+def quest_decode_c(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor,
+                   seq_len: int, pattern: Quest) -> torch.Tensor:
+    """The fused CPU step: q (B, H, 1, D) over the first ``seq_len`` slots of k/v (B, Hkv, Tmax, D) with
+    page summaries kmin/kmax (B, Hkv, NPmax, D); fp32, contiguous. Same selection as ``select_tokens``."""
+    fn = _c_kernel()
+    if fn is None:
+        raise StudylibError(f"the Quest C kernel is off ({_C_STATE.get('why', 'STUDYLIB_QUEST_KERNEL=torch')}).")
+    if not pattern.selects(seq_len):
+        raise StudylibError(f"{pattern.spec} reads every key at {seq_len} tokens; attend densely instead.")
+    B, H, _, D = q.shape
+    Hkv, Tmax = k.shape[1], k.shape[2]
+    ts = (q, k, v, kmin, kmax)
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in ts[1:]):
+        raise ValueError("quest_decode_c takes contiguous fp32 CPU caches and summaries")
+    q = q.float().contiguous()
+    n_sel = _step_plan(seq_len, pattern, "cpu")[2]
+    out = torch.empty(B, H, 1, D, dtype=torch.float32)
+    fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), kmin.data_ptr(), kmax.data_ptr(), out.data_ptr(), B, H, Hkv, D,
+       Tmax, kmin.shape[2], seq_len, pattern.page, pattern.sinks, pattern.recent, n_sel, D ** -0.5,
+       torch.get_num_threads())
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
 # The cache
 # --------------------------------------------------------------------------------------------------
 class QuestKVCache(DenseKVCache):
@@ -237,6 +309,8 @@ class QuestKVCache(DenseKVCache):
             keys, vals = self.k[layer][:, :, :L], self.v[layer][:, :, :L]
             return F.scaled_dot_product_attention(q, keys, vals, attn_mask=self._mask, is_causal=self._causal,
                                                   enable_gqa=True)
+        if self.backend == "torch" and q.device.type == "cpu" and q.dtype == torch.float32 and _c_kernel():
+            return quest_decode_c(q, self.k[layer], self.v[layer], self.kmin[layer], self.kmax[layer], L, self.pattern)
         idx, valid = select_tokens(q[:, :, 0], self.kmin[layer], self.kmax[layer], L, self.pattern)
         if self.backend == "triton":
             from studylib.attention.triton_backend import quest_decode

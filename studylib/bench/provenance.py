@@ -100,6 +100,16 @@ def _cpu_linear_backend() -> str:
         return f"unknown ({err})"
 
 
+def _quest_kernel() -> str:
+    """Which kernel runs Quest's CPU decode steps ("c" or "torch"): it moves chapter 6's Quest timings."""
+    try:
+        from studylib.attention.quest import kernel_backend
+
+        return kernel_backend()
+    except Exception as err:  # provenance must never fail a report
+        return f"unknown ({err})"
+
+
 def provenance(**params: object) -> dict:
     import torch
 
@@ -125,5 +135,6 @@ def provenance(**params: object) -> dict:
         "torch_threads": torch.get_num_threads(),
         "gpu": gpu,
         "cpu_linear": _cpu_linear_backend(),
+        "quest_kernel": _quest_kernel(),
         "params": params,
     }

@@ -60,22 +60,28 @@ def _cpu_has_avx2_fma() -> bool:
 
 
 def _build() -> Path:
-    """Compile the kernel once per source/flags/compiler, cached beside the converted models."""
+    return compile_kernel(_SRC)
+
+
+def compile_kernel(src: Path, flags: list[str] | None = None) -> Path:
+    """Compile a C kernel once per source/flags/compiler into a shared library, cached beside the
+    converted models (``$STUDYLIB_CACHE/kernels``); returns its path."""
     from studylib.cache import cache_dir
 
+    flags = list(_CFLAGS if flags is None else flags)
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         raise StudylibError(f"no C compiler ({cc!r}) on PATH")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    key = hashlib.sha256(_SRC.read_bytes() + " ".join(_CFLAGS + version).encode()).hexdigest()[:16]
-    out = cache_dir("kernels") / f"stream_linear-{key}.so"
+    key = hashlib.sha256(src.read_bytes() + " ".join(flags + version).encode()).hexdigest()[:16]
+    out = cache_dir("kernels") / f"{src.stem}-{key}.so"
     if out.exists():
         return out
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_so = Path(tmp) / out.name
-        proc = subprocess.run([cc, *_CFLAGS, str(_SRC), "-o", str(tmp_so)], capture_output=True, text=True)
+        proc = subprocess.run([cc, *flags, str(src), "-o", str(tmp_so)], capture_output=True, text=True)
         if proc.returncode != 0:
-            raise StudylibError(f"compiling {_SRC.name} failed: {proc.stderr.strip()[-400:]}")
+            raise StudylibError(f"compiling {src.name} failed: {proc.stderr.strip()[-400:]}")
         os.replace(tmp_so, out)  # atomic, so concurrent first uses never load a half-written file
     return out
 

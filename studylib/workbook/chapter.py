@@ -93,7 +93,8 @@ def provenance_rows(prov: Mapping[str, Any]) -> list[tuple[str, str]]:
                          f"{prov.get('torch_threads')})" + (f"; ISA {prov['isa']['label']}" if prov.get("isa") else "")
                          + (f"; GPU {prov['gpu']}" if prov.get("gpu") else "")),
             ("software", f"Python {prov.get('python')}; {libs}"
-                         + (f"; CPU fp32 linear: {prov['cpu_linear']}" if prov.get("cpu_linear") else ""))]
+                         + (f"; CPU fp32 linear: {prov['cpu_linear']}" if prov.get("cpu_linear") else "")
+                         + (f"; Quest decode kernel: {prov['quest_kernel']}" if prov.get("quest_kernel") else ""))]
     params = prov.get("params") or {}
     if params:
         rows.append(("parameters", ", ".join(f"{k}={val}" for k, val in params.items())))
