@@ -29,13 +29,10 @@ import torch
 import torch.nn.functional as F
 
 from studylib.attention import Pattern, make_cache
+from studylib.attention.quest import QuestKVCache
 from studylib.bench.stats import estimate, ratio_estimate, rotated
 from studylib.errors import StudylibError
 from studylib.models import DenseKVCache
-
-
-def _dense_prefill(spec: str) -> bool:
-    return Pattern.parse(spec).kind in ("dense", "quest")
 
 
 @torch.inference_mode()
@@ -55,25 +52,36 @@ def prefill_arms(model, ids: Sequence[int], specs: Sequence[str], extra: int, ch
             model(x[:, s:s + n], cache.begin(n), logits="last")
         return cache
 
+    kinds = {s: Pattern.parse(s).kind for s in specs}
     caches = {}
-    if any(_dense_prefill(s) for s in specs):
+    if any(k in ("dense", "quest") for k in kinds.values()):
         dense = fill(DenseKVCache(cfg, 1, cap, dev, dt))
-        for spec in specs:
-            if _dense_prefill(spec) and Pattern.parse(spec).kind == "quest":
+        for spec, kind in kinds.items():
+            if kind == "quest":  # copied before dense decodes on: both start from the same prefill
                 caches[spec] = make_cache(spec, cfg, cap, dev, dt).copy_from(dense)
-        for spec in specs:
-            if Pattern.parse(spec).kind == "dense":
+            elif kind == "dense":
                 caches[spec] = dense
-    for spec in specs:
-        if not _dense_prefill(spec):
+    for spec, kind in kinds.items():
+        if kind not in ("dense", "quest"):
             caches[spec] = fill(make_cache(spec, cfg, cap, dev, dt))
     return {s: caches[s] for s in specs}
 
 
 @torch.inference_mode()
-def _step(model, cache, token: int) -> torch.Tensor:
+def decode_step(model, cache, token: int) -> torch.Tensor:
+    """One decode step: feed ``token``, return the next-token logits (V,) in fp32."""
     x = torch.tensor([[token]], device=model.device)
     return model(x, cache.begin(1), logits="last").logits[0, -1].float()
+
+
+def greedy_tokens(model, cache, logits: torch.Tensor, n: int) -> list[int]:
+    """``n`` greedy tokens continuing from next-token ``logits``, each fed back through ``cache``."""
+    out = []
+    for i in range(n):
+        out.append(int(logits.argmax()))
+        if i + 1 < n:  # the last token needs no forward of its own
+            logits = decode_step(model, cache, out[-1])
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -87,15 +95,15 @@ def _random_cache(spec: str, cfg, T: int, extra: int, device, dtype, seed: int):
     for s in range(0, T, 1024):
         n = min(1024, T - s)
         view = cache.begin(n)
-        q = torch.zeros(1, cfg.num_heads, n, cfg.head_dim, device=device, dtype=dtype)
-        if hasattr(cache, "_summarise") or type(cache) is DenseKVCache:  # write straight into the slots
+        if isinstance(cache, DenseKVCache):  # every slot kept: write the slots directly
             for layer in range(cfg.num_layers):
                 for buf in (cache.k[layer], cache.v[layer]):
                     buf[:, :, s:s + n] = torch.randn(1, cfg.num_kv_heads, n, cfg.head_dim, generator=g).to(device, dtype)
-                if hasattr(cache, "_summarise"):
+                if isinstance(cache, QuestKVCache):
                     cache._summarise(layer, s, s + n)
             continue
-        for layer in range(cfg.num_layers):
+        q = torch.zeros(1, cfg.num_heads, n, cfg.head_dim, device=device, dtype=dtype)
+        for layer in range(cfg.num_layers):  # an evicting cache decides what it keeps as it is fed
             k, v = (torch.randn(1, cfg.num_kv_heads, n, cfg.head_dim, generator=g).to(device, dtype) for _ in range(2))
             view.attend(layer, q, k, v)
     return cache
@@ -131,7 +139,7 @@ def decode_cost(model, lengths: Sequence[int], specs: Sequence[str], repeats: in
             fill = min(T, cfg.max_position_embeddings - steps * (repeats + 1)) if grows else T
             caches[s] = _random_cache(s, cfg, fill, steps * (repeats + 1) if grows else steps, dev, dt, seed + T)
         for s in specs:  # warm-up
-            _step(model, caches[s], 5)
+            decode_step(model, caches[s], 5)
             if not isinstance(caches[s], SinkKVCache):
                 caches[s].truncate(T)
         for r in range(repeats):
@@ -141,7 +149,7 @@ def decode_cost(model, lengths: Sequence[int], specs: Sequence[str], repeats: in
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 for i in range(steps):
-                    _step(model, cache, 5 + i)
+                    decode_step(model, cache, 5 + i)
                 if dev.type == "cuda":
                     torch.cuda.synchronize()
                 ms = (time.perf_counter() - t0) / steps * 1e3
@@ -252,16 +260,12 @@ def document_quality(model, tokenizer, specs: Sequence[str], n_docs: int, n_toke
         x = torch.tensor([tail], device=model.device)
         for spec, cache in caches.items():
             if Pattern.parse(spec).kind == "quest":  # selects per decode step: feed the tail one token at a time
-                logits = torch.stack([_step(model, cache, t) for t in tail])
+                logits = torch.stack([decode_step(model, cache, t) for t in tail])
             else:  # a fixed mask gives every position the same keys in one chunk as one step at a time
                 with torch.inference_mode():
                     logits = model(x, cache.begin(len(tail)), logits="all").logits[0].float()
             logp[spec] = F.log_softmax(logits[:-1], -1)  # predictions of tail[1:]
-            out, nxt = [], logits[-1]
-            for _ in range(gen_tokens):
-                out.append(int(nxt.argmax()))
-                nxt = _step(model, cache, out[-1])
-            cont[spec] = out
+            cont[spec] = greedy_tokens(model, cache, logits[-1], gen_tokens)
         y = torch.tensor(tail[1:], device=logp["dense"].device)[:, None]
         ref = logp["dense"]
         nll_ref = -ref.gather(1, y)[:, 0]
@@ -322,12 +326,8 @@ def needle_grid(model, tokenizer, specs: Sequence[str], lengths: Sequence[int], 
         end = len(ctx) + len(question) - 1  # the last question token's position
         for spec, cache in caches.items():
             for t in question[:-1]:
-                _step(model, cache, t)
-            logits, out = _step(model, cache, question[-1]), []
-            for _ in range(gen_tokens):
-                out.append(int(logits.argmax()))
-                logits = _step(model, cache, out[-1])
-            answer = tokenizer.decode(out)
+                decode_step(model, cache, t)
+            answer = tokenizer.decode(greedy_tokens(model, cache, decode_step(model, cache, question[-1]), gen_tokens))
             p = Pattern.parse(spec)
             reach = None if p.kind == "quest" else bool(
                 p.mask(torch.tensor([end]), torch.arange(pos, pos + len(needle))).all())

@@ -1,19 +1,17 @@
 """Chapter 6 measurements, part 2: quality of sparse attention at long context on a real model.
 
 Perplexity of long real text (``studylib.data.long_text``, via ``studylib.eval.perplexity``) under
-each pattern's KV cache, greedy continuations compared with dense, the quality-vs-KV-budget
-frontier, and a seeded needle-in-a-haystack test of what a bounded cache forgets.
+each pattern's KV cache, greedy continuations compared with dense, and the quality-vs-KV-budget
+frontier. The decode-mode measurements (documents, needle, time per token) are ``ch06_decode``.
 """
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
-import torch
 
 from studylib.attention import Pattern, make_cache
 from studylib.errors import StudylibError
@@ -44,18 +42,6 @@ def budget_specs(budgets: Sequence[int], kinds: Sequence[str] = ("window", "sink
     return out
 
 
-@torch.inference_mode()
-def _greedy_continue(model, cache, last_token: int, n: int) -> list[int]:
-    tok = torch.tensor([[last_token]], device=model.device)
-    out = []
-    for _ in range(n):
-        logits = model(tok, cache.begin(1), logits="last").logits[:, -1]
-        t = int(logits.argmax(-1))
-        out.append(t)
-        tok = torch.tensor([[t]], device=model.device)
-    return out
-
-
 def long_context_quality(model, tokenizer, n_tokens: int, specs: Sequence[str], chunk: int = 256,
                          gen_tokens: int = 32, seed: int = 0, source: str = "narrativeqa",
                          progress: bool = True) -> dict:
@@ -63,6 +49,7 @@ def long_context_quality(model, tokenizer, n_tokens: int, specs: Sequence[str], 
     continuing it from the very cache the text built (so the continuation sees what the pattern kept)."""
     from studylib.data import long_text
     from studylib.eval.perplexity import perplexity
+    from studylib.experiments.ch06_decode import decode_step, greedy_tokens
     from studylib.progress import progress_bar
 
     if n_tokens + gen_tokens > model.config.max_position_embeddings:
@@ -79,7 +66,8 @@ def long_context_quality(model, tokenizer, n_tokens: int, specs: Sequence[str], 
 
         t0 = time.perf_counter()
         res = perplexity(model, ids, chunk=chunk, kv_factory=factory)
-        cont = _greedy_continue(model, holder["cache"], ids[-1], gen_tokens)
+        cache = holder["cache"]
+        cont = greedy_tokens(model, cache, decode_step(model, cache, ids[-1]), gen_tokens)
         runs[spec] = {"ppl": res.ppl, "nll": res.token_nll.numpy(), "continuation": cont,
                       "seconds": time.perf_counter() - t0}
     return {"n_tokens": n_tokens, "source": source, "seed": seed, "chunk": chunk, "runs": runs}
@@ -114,43 +102,6 @@ def quality_summary(result: dict) -> pd.DataFrame:
                      "budget_frac": p.kv_budget(T) / T, "mean_keys": p.visible_pairs(T) / T, "ppl": r["ppl"],
                      "ppl_ratio": float(np.exp(d.mean())), "ppl_ratio_low": lo, "ppl_ratio_high": hi,
                      "agreement": float(np.mean(same)), "first_divergence": first, "seconds": r["seconds"]})
-    return pd.DataFrame(rows)
-
-
-def document_quality(model, tokenizer, specs: Sequence[str], n_docs: int, n_tokens: int, chunk: int = 256,
-                     source: str = "narrativeqa", progress: bool = True) -> pd.DataFrame:
-    """Per document (an independent text: ``long_text`` with its own seed) and pattern: the perplexity
-    ratio to dense, the mean KL(dense || pattern) per token and the top-1 agreement with dense, from one
-    lockstep teacher-forced pass. Documents are the units of the quality CIs."""
-    from studylib.data import long_text
-    from studylib.eval.perplexity import compare_to_dense
-    from studylib.progress import progress_bar
-
-    specs = [s for s in specs if s != "dense"]
-    rows = []
-    for doc in progress_bar(range(n_docs), desc="quality per document", progress=progress):
-        ids = long_text(tokenizer, n_tokens, seed=1000 + doc, source=source)
-        factories = {spec: (lambda cfg, max_len, device, dtype, spec=spec: make_cache(spec, cfg, max_len, device,
-                                                                                     dtype)) for spec in specs}
-        res = compare_to_dense(model, ids, factories, chunk=chunk)
-        dense = res["dense"]["nll"]
-        for spec in specs:
-            r = res[spec]
-            rows.append({"document": doc, "pattern": spec, "tokens": n_tokens,
-                         "ppl_ratio": float(np.exp((r["nll"] - dense).mean())), "kl": r["kl"], "top1": r["top1"]})
-    return pd.DataFrame(rows)
-
-
-def document_summary(docs: pd.DataFrame) -> pd.DataFrame:
-    """Per pattern: median perplexity ratio with its CI over documents, median KL and top-1 agreement."""
-    from studylib.bench.stats import estimate
-
-    rows = []
-    for spec, g in docs.groupby("pattern", sort=False):
-        e = estimate(g["ppl_ratio"])
-        rows.append({"pattern": spec, "documents": e.n, "ppl_ratio": e.value, "ppl_ratio_low": e.ci_low,
-                     "ppl_ratio_high": e.ci_high, "kl_nats": float(g["kl"].median()),
-                     "top1_agreement": float(g["top1"].median()), "estimate": e})
     return pd.DataFrame(rows)
 
 
@@ -196,35 +147,6 @@ def plot_nll_gap(result: dict, smooth: int = 128):
     return fig
 
 
-def needle_test(model, tokenizer, specs: Sequence[str], haystack_tokens: int, distances: Sequence[int],
-                seeds: Sequence[int] = (0,), gen_tokens: int = 8, source: str = "xsum",
-                progress: bool = True) -> pd.DataFrame:
-    """Hide "The secret code is NNNNN." ``distance`` tokens before the end of a real-text haystack, ask
-    for it, and check the greedy answer. A bounded cache can only answer when the needle is in its window."""
-    from studylib.data import long_text
-    from studylib.decoding import ar
-    from studylib.progress import progress_bar
-
-    question = list(tokenizer("\n\nQuestion: what is the secret code?\nAnswer: The secret code is")["input_ids"])
-    jobs = [(s, dist, spec) for s in seeds for dist in distances for spec in ["dense", *specs]]
-    rows = []
-    for seed, dist, spec in progress_bar(jobs, desc="needle in a haystack", progress=progress):
-        hay = long_text(tokenizer, haystack_tokens, seed=1000 + seed, source=source)
-        code = str(random.Random(seed).randint(10000, 99999))
-        needle = list(tokenizer(f" The secret code is {code}. ")["input_ids"])
-        pos = max(0, haystack_tokens - dist)
-        ids = hay[:pos] + needle + hay[pos:] + question
-        res = ar.generate(model, ids, gen_tokens, attention=None if spec == "dense" else spec)
-        answer = tokenizer.decode(res.token_ids)
-        p = Pattern.parse(spec)
-        last = len(ids) - 1
-        seen = p.mask(torch.tensor([last]), torch.arange(pos, pos + len(needle)))
-        rows.append({"pattern": spec, "kind": p.kind, "seed": seed, "distance": len(ids) - pos,
-                     "in_window": bool(seen.all()), "found": code in answer.replace(" ", ""), "code": code,
-                     "answer": answer.strip()[:40]})
-    return pd.DataFrame(rows)
-
-
 def explain_quality(summary: pd.DataFrame) -> str:
     sp = summary[summary.kind != "dense"].sort_values("ppl_ratio")
     if sp.empty:
@@ -249,21 +171,3 @@ def explain_frontier(summary: pd.DataFrame) -> str:
             parts.append(f"{kind} never gets within 1% at the budgets measured (best {best.ppl_ratio:.3f}x at "
                          f"{best.budget_frac:.0%})")
     return ("; ".join(parts) + ".") if parts else "No sparse pattern was measured."
-
-
-def explain_needle(needle: pd.DataFrame) -> str:
-    dense = needle[needle.pattern == "dense"]
-    sp = needle[needle.pattern != "dense"]
-    if dense.empty:
-        return "No needle trials were run."
-    s = f"Dense attention finds the code in {dense.found.mean():.0%} of trials. "
-    if dense.found.mean() == 0:
-        return s + "The model cannot do this task even with full attention, so the test says nothing about sparsity."
-    inside, outside = sp[sp.in_window], sp[~sp.in_window]
-    found = [f"{part.found.mean():.0%} of trials when the needle is {where} its window"
-             for part, where in ((inside, "inside"), (outside, "outside")) if len(part)]
-    if found:
-        s += "The bounded cache finds it in " + " and in ".join(found) + "."
-    if len(outside) and outside.found.mean() < dense.found.mean():
-        s += " Evicted tokens are gone: no later query can reach them."
-    return s
