@@ -76,22 +76,13 @@ class Pattern:
             return Sinks(window=w, sinks=s)
         if name == "blocksparse":
             defaults = {"block": 64, "local": 4, "global": 1, "random": 0, "seed": 0}
-            if args and "=" not in args:  # positional form, e.g. blocksparse:64,4,1,2
-                vals = [a.strip() for a in args.split(",")]
-                if not 4 <= len(vals) <= 5 or not all(re.fullmatch(r"\d+", a) for a in vals):
-                    raise _bad(spec, "the positional form is blocksparse:B,L,G,R or blocksparse:B,L,G,R,X")
-                args = ",".join(f"{k}={v}" for k, v in zip(defaults, vals, strict=False))
-            kw = _keywords(spec, args, defaults)
+            kw = _keywords(spec, _positional(spec, args, defaults, 4, "blocksparse:B,L,G,R or blocksparse:B,L,G,R,X"),
+                           defaults)
             return BlockSparse(block=kw["block"], local=kw["local"], n_global=kw["global"],
                                n_random=kw["random"], seed=kw["seed"])
         if name == "quest":
             defaults = {"budget": 0, "page": 16, "sinks": 4, "recent": 64, "dense": 2}
-            if args and "=" not in args:  # positional form, e.g. quest:1024 or quest:1024,16,4,64,2
-                vals = [a.strip() for a in args.split(",")]
-                if not 1 <= len(vals) <= 5 or not all(re.fullmatch(r"\d+", a) for a in vals):
-                    raise _bad(spec, "the positional form is quest:B or quest:B,P,S,R,L")
-                args = ",".join(f"{k}={v}" for k, v in zip(defaults, vals, strict=False))
-            kw = _keywords(spec, args, defaults)
+            kw = _keywords(spec, _positional(spec, args, defaults, 1, "quest:B or quest:B,P,S,R,L"), defaults)
             why = _quest_problem(kw["budget"], kw["page"], kw["sinks"], kw["recent"], kw["dense"])
             if why:
                 raise _bad(spec, why)  # name the spec as written, not its canonical form
@@ -372,6 +363,18 @@ def _ints(spec: str, args: str, n: int) -> list[int]:
     if len(parts) != n or not all(re.fullmatch(r"\d+", a) for a in parts):
         raise _bad(spec, f"expected {n} non-negative integer argument(s) after ':'")
     return [int(a) for a in parts]
+
+
+def _positional(spec: str, args: str, defaults: dict[str, int], min_n: int, form: str) -> str:
+    """The keyword form of a positional argument list (``64,4,1,2`` -> ``block=64,local=4,...``, in the
+    order of ``defaults``), which papermill parameter cells need (they cannot hold '='); keyword
+    arguments pass through unchanged."""
+    if not args or "=" in args:
+        return args
+    vals = [a.strip() for a in args.split(",")]
+    if not min_n <= len(vals) <= len(defaults) or not all(re.fullmatch(r"\d+", a) for a in vals):
+        raise _bad(spec, f"the positional form is {form}")
+    return ",".join(f"{k}={v}" for k, v in zip(defaults, vals, strict=False))
 
 
 def _keywords(spec: str, args: str, defaults: dict[str, int]) -> dict[str, int]:
