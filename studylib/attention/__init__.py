@@ -17,8 +17,12 @@ __all__ = [
 
 def __getattr__(name: str):
     # The caches pull in the model runtime; import them on first use only.
-    if name in ("SinkKVCache", "PatternKVCache", "QuestKVCache", "make_cache"):
+    if name in ("SinkKVCache", "PatternKVCache", "make_cache"):
         from studylib.attention import caches
 
         return getattr(caches, name)
+    if name == "QuestKVCache":
+        from studylib.attention import quest
+
+        return quest.QuestKVCache
     raise AttributeError(name)

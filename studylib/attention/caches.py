@@ -188,10 +188,3 @@ def make_cache(spec: str | Pattern, cfg: ModelConfig, max_len: int, device="cpu"
         return cache
     return PatternKVCache(cfg, batch, max_len, device, dtype, pattern, backend)
 
-
-def __getattr__(name: str):
-    if name == "QuestKVCache":  # lives beside its selection code; re-exported for `from caches import`
-        from studylib.attention.quest import QuestKVCache
-
-        return QuestKVCache
-    raise AttributeError(name)
