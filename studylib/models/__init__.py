@@ -23,7 +23,7 @@ from studylib.models.tokenizer import ByteTokenizer
 
 __all__ = [
     "DenseKVCache", "ForwardOutput", "LlamaModel", "ModelConfig", "load_model", "load_hf_model",
-    "resolve_dtype", "resolve_device", "model_dir", "DEFAULT_MODEL",
+    "resolve_dtype", "resolve_device", "model_dir", "check_model", "DEFAULT_MODEL",
 ]
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -88,6 +88,25 @@ def model_dir(name: str) -> Path | None:
                             f"supported: {SUPPORTED_TEXT}.") from exc
 
 
+def _random_preset(name: str) -> str:
+    preset = name.split(":", 1)[1]
+    if preset not in RANDOM_PRESETS:
+        raise StudylibError(f"unknown random preset {preset!r}; choose one of {sorted(RANDOM_PRESETS)}.")
+    return preset
+
+
+def check_model(name: str) -> None:
+    """Raise ``StudylibError`` unless ``load_model`` can find ``name`` here; reads no weights (the
+    reproduce dry run's check)."""
+    name = ALIASES.get(name, name)
+    if name == "tiny-random" or name.startswith("tiny-random:"):
+        return
+    if name.startswith("random:"):
+        _random_preset(name)
+        return
+    model_dir(name)
+
+
 def _random_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int) -> LlamaModel:
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # for the parameters initialised directly on a GPU
@@ -146,10 +165,7 @@ def load_model(
         seed = int(name.split(":", 1)[1]) if ":" in name else 0
         return _random_model(tiny_config(seed), dev, dt, seed).eval(), ByteTokenizer()
     if name.startswith("random:"):
-        preset = name.split(":", 1)[1]
-        if preset not in RANDOM_PRESETS:
-            raise StudylibError(f"unknown random preset {preset!r}; choose one of {sorted(RANDOM_PRESETS)}.")
-        cfg = preset_config(preset)
+        cfg = preset_config(_random_preset(name))
         return _random_model(cfg, dev, dt, 0).eval(), ByteTokenizer(cfg.vocab_size)
     directory = model_dir(name)
     from transformers import AutoConfig, AutoTokenizer

@@ -63,18 +63,12 @@ def _parameter_cells(notebook: dict) -> tuple[str, str]:
 
 def _check_model(spec: Any) -> str | None:
     """None if ``spec`` names a model this runtime can load here (no weights are read), else why not."""
-    from studylib.models import ALIASES, RANDOM_PRESETS, model_dir
+    from studylib.models import check_model
 
     if not isinstance(spec, str):
         return f"is {spec!r}, not a model name"
-    name = ALIASES.get(spec, spec)
-    if name.startswith("random:"):
-        preset = name.split(":", 1)[1]
-        return None if preset in RANDOM_PRESETS else f"{spec!r}: unknown random preset; choose one of {sorted(RANDOM_PRESETS)}"
-    if name == "tiny-random" or name.startswith("tiny-random:"):
-        return None
     try:
-        model_dir(name)
+        check_model(spec)
     except StudylibError as err:
         return str(err).rstrip(".")
     return None
@@ -93,11 +87,9 @@ def _cuda_guard(key: str, value: Any) -> str | None:
         elif key == "dtype":
             resolve_dtype(value, torch.device("cpu"))
         else:  # an attention backend
-            import numpy as np
-
             from studylib.attention import attention
 
-            x = torch.from_numpy(np.zeros((1, 1, 16, 16), dtype=np.float32))
+            x = torch.zeros(1, 1, 16, 16)
             attention(x, x, x, "dense", value)
     except StudylibError:
         return None
@@ -135,7 +127,7 @@ def dry_run(profile: str = "cpu", chapters: Sequence[int] | None = None, overrid
 
     from studylib.attention import Pattern
     from studylib.workbook import paths
-    from studylib.workbook.runner import chapter_parameters, discover, load_profile
+    from studylib.workbook.runner import chapter_parameters, declared_parameters, discover, load_profile
 
     nb_dir = Path(notebooks_dir) if notebooks_dir else paths.notebooks_dir()
     p_dir = Path(params_dir) if params_dir else nb_dir / "params"
@@ -157,7 +149,7 @@ def dry_run(profile: str = "cpu", chapters: Sequence[int] | None = None, overrid
         for c in wanted:
             nb = available[c]
             where = f"ch{c:02d} ({nb.name})"
-            declared = set(pm.inspect_notebook(str(nb)))
+            declared = declared_parameters(nb)
             declared_all |= declared
             for key in sorted(set(cfg.get(f"ch{c:02d}", {})) - declared):
                 problems.append(f"{yaml_path}: ch{c:02d} sets {key!r}, which {nb.name} has no parameter for; "
