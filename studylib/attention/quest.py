@@ -263,8 +263,8 @@ class QuestKVCache(DenseKVCache):
 
     Prefill, verification trees, padded batches and multi-token steps stay dense (Quest selects for
     decode only), so a speculative decoder over this cache verifies exactly what it would verify over
-    a dense one; only single-token steps are approximated. ``keys_read`` counts the keys the last
-    step read per layer and KV head, for the bytes-per-step figures.
+    a dense one; only single-token steps are approximated. ``keys_read`` is what the current step
+    reads, in tokens' worth of K/V summed over layers, for the bytes-per-step figures.
     """
 
     def __init__(self, cfg: ModelConfig, batch: int, max_len: int, device, dtype, pattern: Quest,
@@ -276,7 +276,11 @@ class QuestKVCache(DenseKVCache):
         self.kmin = [torch.full(shape, float("inf"), device=device, dtype=dtype) for _ in range(cfg.num_layers)]
         self.kmax = [torch.full(shape, float("-inf"), device=device, dtype=dtype) for _ in range(cfg.num_layers)]
         self._select = False
-        self.keys_read = 0.0
+
+    @property
+    def keys_read(self) -> float:
+        layers = len(self.k)
+        return self.pattern.read_tokens(self.length, layers) if self._select else float(self.length * layers)
 
     @property
     def nbytes(self) -> int:
@@ -286,8 +290,6 @@ class QuestKVCache(DenseKVCache):
         super().begin(n, tree_mask=tree_mask, valid=valid, positions=positions)
         plain = tree_mask is None and positions is None and not self.padded
         self._select = plain and n == 1 and self.pattern.selects(self.length)
-        self.keys_read = self.pattern.read_tokens(self.length, len(self.k)) if self._select else \
-            float(self.length * len(self.k))
         return self
 
     def _summarise(self, layer: int, s: int, e: int) -> None:
@@ -301,14 +303,14 @@ class QuestKVCache(DenseKVCache):
 
     def attend(self, layer, q, k, v):
         s, n = self._start, self._n
-        self.k[layer][:, :, s: s + n] = k
-        self.v[layer][:, :, s: s + n] = v
-        self._summarise(layer, s, s + n)
         L = s + n
         if not self._select or layer < self.pattern.dense_layers:
-            keys, vals = self.k[layer][:, :, :L], self.v[layer][:, :, :L]
-            return F.scaled_dot_product_attention(q, keys, vals, attn_mask=self._mask, is_causal=self._causal,
-                                                  enable_gqa=True)
+            out = super().attend(layer, q, k, v)  # writes the slots and attends densely
+            self._summarise(layer, s, L)
+            return out
+        self.k[layer][:, :, s:L] = k
+        self.v[layer][:, :, s:L] = v
+        self._summarise(layer, s, L)
         if self.backend == "torch" and q.device.type == "cpu" and q.dtype == torch.float32 and _c_kernel():
             return quest_decode_c(q, self.k[layer], self.v[layer], self.kmin[layer], self.kmax[layer], L, self.pattern)
         idx, valid = select_tokens(q[:, :, 0], self.kmin[layer], self.kmax[layer], L, self.pattern)
