@@ -155,12 +155,26 @@ def _load_weights(directory: Path, cfg: ModelConfig, device: torch.device, dtype
 
 
 def load_model(
-    name: str = DEFAULT_MODEL, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None
+    name: str = DEFAULT_MODEL, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
+    weights: str = "dense",
 ) -> tuple[LlamaModel, object]:
-    """Load ``name`` as a runtime model plus its tokenizer (see the module docstring for names)."""
+    """Load ``name`` as a runtime model plus its tokenizer (see the module docstring for names).
+
+    ``weights``: ``dense`` or a block format (``studylib.models.weights``: gguf, q8_0, q4_0, q4_1,
+    awq4), which computes in fp32 on CPU."""
+    from studylib.models.weights import apply_weights, check_weights
+
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     name = ALIASES.get(name, name)
+    check_weights(weights, name, dev)
+    if weights != "dense" and dt != torch.float32:
+        raise StudylibError(f"--weights {weights} computes in fp32; drop --dtype {dtype} or use --weights dense.")
+    model, tok = _load_dense(name, dev, dt)
+    return apply_weights(model, weights), tok
+
+
+def _load_dense(name: str, dev: torch.device, dt: torch.dtype) -> tuple[LlamaModel, object]:
     if name == "tiny-random" or name.startswith("tiny-random:"):
         seed = int(name.split(":", 1)[1]) if ":" in name else 0
         return _random_model(tiny_config(seed), dev, dt, seed).eval(), ByteTokenizer()

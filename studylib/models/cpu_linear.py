@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from studylib.errors import StudylibError
+from studylib.models.quant import QuantTensor
+from studylib.models.quant import linear as quant_linear
 
 STREAM_MAX_ROWS = 32  # measured crossover with MKL's GEMM on the dev box (equal at 32 rows)
 _SRC = Path(__file__).parent / "csrc" / "stream_linear.c"
@@ -63,9 +65,10 @@ def _build() -> Path:
     return compile_kernel(_SRC)
 
 
-def compile_kernel(src: Path, flags: list[str] | None = None) -> Path:
+def compile_kernel(src: Path, flags: list[str] | None = None, deps: tuple[Path, ...] = ()) -> Path:
     """Compile a C kernel once per source/flags/compiler into a shared library, cached beside the
-    converted models (``$STUDYLIB_CACHE/kernels``); returns its path."""
+    converted models (``$STUDYLIB_CACHE/kernels``); returns its path. ``deps``: files it #includes,
+    so that editing them rebuilds it too."""
     from studylib.cache import cache_dir
 
     flags = list(_CFLAGS if flags is None else flags)
@@ -73,7 +76,8 @@ def compile_kernel(src: Path, flags: list[str] | None = None) -> Path:
     if shutil.which(cc) is None:
         raise StudylibError(f"no C compiler ({cc!r}) on PATH")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    key = hashlib.sha256(src.read_bytes() + " ".join(flags + version).encode()).hexdigest()[:16]
+    text = src.read_bytes() + b"".join(d.read_bytes() for d in deps)
+    key = hashlib.sha256(text + " ".join(flags + version).encode()).hexdigest()[:16]
     out = cache_dir("kernels") / f"{src.stem}-{key}.so"
     if out.exists():
         return out
@@ -158,7 +162,10 @@ def _stream(fn, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear``, except that fp32/bf16 CPU inference with at most ``STREAM_MAX_ROWS`` rows streams."""
+    """``F.linear``, except that fp32/bf16 CPU inference with at most ``STREAM_MAX_ROWS`` rows streams,
+    and block-format weights (``quant.QuantTensor``) go to their own kernel."""
+    if type(weight) is QuantTensor:
+        return quant_linear(x, weight, bias)
     if (
         x.dtype in _STREAM_DTYPES
         and weight.dtype is x.dtype

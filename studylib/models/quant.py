@@ -1,0 +1,235 @@
+"""Weights in GGML block formats (Q4_0, Q4_1, Q8_0): storage, a pure-PyTorch reference, the C kernel.
+
+A ``QuantTensor`` is an (N, K) weight kept as its blocks (32 weights per block along K), exactly as a
+GGUF file stores it. ``dequantize_ref`` is the pure-PyTorch reference every kernel is tested against;
+``linear`` runs ``csrc/quant_linear.c``, which widens the blocks in registers and computes in fp32, so
+a block model computes with exactly its stored weights (see the C source for why x is not rounded).
+
+ISA: the kernel is compiled twice, for AVX-512 and for AVX2, and the build this CPU runs is chosen at
+run time from /proc/cpuinfo. ``STUDYLIB_QUANT_ISA=auto|avx512|avx2`` forces one (``avx2`` on an
+AVX-512 machine tests the other path); ``isa()`` names the one in use, and reports record it.
+
+Few rows (decode, verification, small batches) go through the kernel; more than ``KERNEL_MAX_ROWS``
+(prefill) dequantise the matrix once per call and hand it to the BLAS GEMM, where compute, not the
+weight bytes, is the bound.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from studylib.errors import StudylibError
+
+BLOCK = 32
+FORMATS = {"q4_0": (0, 18), "q4_1": (1, 20), "q8_0": (2, 34)}  # name -> (kernel code, bytes per block)
+KERNEL_MAX_ROWS = 32  # measured: past this, dequantise + GEMM beats the row-streaming kernel
+_CSRC = Path(__file__).parent / "csrc"
+_SRC, _DEPS = _CSRC / "decode_layers.c", (_CSRC / "quant_linear.c",)  # one library: the linear and the layers
+_ISA_FLAGS = {
+    "avx512": ["-mavx512f", "-mavx2", "-mfma", "-mf16c"],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+}
+_NEEDS = {"avx512": {"avx512f", "f16c", "fma"}, "avx2": {"avx2", "f16c", "fma"}}
+_ISA_MODES = ("auto", "avx512", "avx2")
+_libs: dict[str, object] = {}
+
+
+@dataclass(eq=False)
+class QuantTensor:
+    """An (N, K) weight as GGML blocks: ``data`` is uint8 (N, K / 32 * bytes per block)."""
+
+    data: torch.Tensor
+    fmt: str
+    shape: tuple[int, int]
+
+    def __post_init__(self):
+        if self.fmt not in FORMATS:
+            raise ValueError(f"unknown block format {self.fmt!r}; one of {sorted(FORMATS)}")
+        n, k = self.shape
+        if k % BLOCK or self.data.dtype != torch.uint8 or tuple(self.data.shape) != (n, k // BLOCK * self.block_bytes):
+            raise ValueError(f"{self.fmt} data of shape {tuple(self.data.shape)} does not hold a {n}x{k} weight")
+        self.data = self.data.contiguous()
+
+    @property
+    def block_bytes(self) -> int:
+        return FORMATS[self.fmt][1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32  # what it computes in: activations stay fp32
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Dequantised rows ``ids`` (any shape of int64) as fp32, shape ids.shape + (K,): embedding lookup."""
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        out = torch.empty(flat.numel(), self.shape[1], dtype=torch.float32)
+        lib = _lib()
+        if lib is None:
+            out = dequantize_ref(QuantTensor(self.data[flat], self.fmt, (flat.numel(), self.shape[1])))
+        elif flat.numel():
+            lib.quant_dequant_rows(FORMATS[self.fmt][0], self.data.data_ptr(), self.shape[1], flat.data_ptr(),
+                                   flat.numel(), out.data_ptr(), torch.get_num_threads())
+        return out.view(*ids.shape, self.shape[1])
+
+    def dequantize(self) -> torch.Tensor:
+        """The whole (N, K) weight as fp32 (the kernel's, or the reference's where there is no kernel)."""
+        lib = _lib()
+        if lib is None:
+            return dequantize_ref(self)
+        out = torch.empty(self.shape, dtype=torch.float32)
+        lib.quant_dequant_rows(FORMATS[self.fmt][0], self.data.data_ptr(), self.shape[1], None, self.shape[0],
+                               out.data_ptr(), torch.get_num_threads())
+        return out
+
+
+def dequantize_ref(qt: QuantTensor) -> torch.Tensor:
+    """Pure-PyTorch dequantisation, the reference for every kernel: (N, K) fp32."""
+    n, k = qt.shape
+    blocks = qt.data.view(n, k // BLOCK, qt.block_bytes)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # (n, nb, 1)
+    if qt.fmt == "q8_0":
+        q = blocks[..., 2:].contiguous().view(torch.int8).float()
+        return (d * q).reshape(n, k)
+    start = 4 if qt.fmt == "q4_1" else 2
+    nib = blocks[..., start:].to(torch.int32)
+    q = torch.cat([nib & 15, nib >> 4], dim=-1).float()  # byte j: weight j low, weight j + 16 high
+    if qt.fmt == "q4_0":
+        return (d * (q - 8)).reshape(n, k)
+    m = blocks[..., 2:4].contiguous().view(torch.float16).float()
+    return (d * q + m).reshape(n, k)
+
+
+def quantize(w: torch.Tensor, fmt: str) -> QuantTensor:
+    """Round-to-nearest block quantisation of an (N, K) weight, as ggml's reference quantisers do."""
+    if fmt not in FORMATS:
+        raise StudylibError(f"unknown block format {fmt!r}; use one of {', '.join(sorted(FORMATS))}.")
+    n, k = w.shape
+    if k % BLOCK:
+        raise StudylibError(f"{fmt} needs the input width to be a multiple of {BLOCK}, got {k}.")
+    x = w.detach().float().cpu().reshape(n, k // BLOCK, BLOCK)
+    if fmt == "q8_0":
+        amax = x.abs().amax(-1, keepdim=True)
+        d = (amax / 127).half()
+        inv = torch.where(d.float() > 0, 1 / d.float(), torch.zeros_like(amax))
+        q = torch.round(x * inv).clamp(-127, 127).to(torch.int8).view(torch.uint8)
+        body = [d.view(torch.uint8).reshape(n, -1, 2), q]
+    elif fmt == "q4_0":
+        # The signed value of largest magnitude maps to -8, as in ggml: the full 16 levels are used.
+        idx = x.abs().argmax(-1, keepdim=True)
+        vmax = torch.gather(x, -1, idx)
+        d = (vmax / -8).half()
+        inv = torch.where(d.float() != 0, 1 / d.float(), torch.zeros_like(vmax))
+        q = torch.clamp(torch.floor(x * inv + 8.5), 0, 15).to(torch.uint8)
+        body = [d.view(torch.uint8).reshape(n, -1, 2), q[..., :16] | (q[..., 16:] << 4)]
+    else:
+        lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+        d = ((hi - lo) / 15).half()
+        m = lo.half()
+        inv = torch.where(d.float() > 0, 1 / d.float(), torch.zeros_like(lo))
+        q = torch.clamp(torch.floor((x - m.float()) * inv + 0.5), 0, 15).to(torch.uint8)
+        body = [d.view(torch.uint8).reshape(n, -1, 2), m.view(torch.uint8).reshape(n, -1, 2),
+                q[..., :16] | (q[..., 16:] << 4)]
+    data = torch.cat(body, dim=-1).reshape(n, -1)
+    return QuantTensor(data, fmt, (n, k))
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip() == "flags":
+                return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+def isa_mode() -> str:
+    m = os.environ.get("STUDYLIB_QUANT_ISA", "auto").strip().lower() or "auto"
+    if m not in _ISA_MODES:
+        raise StudylibError(f"STUDYLIB_QUANT_ISA={m!r} is not one of {', '.join(_ISA_MODES)}; unset it or pick one.")
+    return m
+
+
+def isa() -> str:
+    """The kernel build this process uses: ``avx512``, ``avx2`` or ``torch`` (no kernel: the reference)."""
+    m = isa_mode()
+    flags = _cpu_flags()
+    if m == "auto":
+        return next((name for name in ("avx512", "avx2") if _NEEDS[name] <= flags), "torch")
+    if not _NEEDS[m] <= flags:
+        raise StudylibError(f"STUDYLIB_QUANT_ISA={m}, but this CPU lacks {sorted(_NEEDS[m] - flags)}; "
+                            "use auto or a path the CPU has.")
+    return m
+
+
+def lib():
+    """The loaded kernel library for this CPU, or None where only the reference runs."""
+    return _lib()
+
+
+def _lib():
+    name = isa()
+    if name == "torch":
+        return None
+    if name not in _libs:
+        from studylib.models.cpu_linear import compile_kernel
+
+        flags = ["-O3", *_ISA_FLAGS[name], "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+        lib = ctypes.CDLL(str(compile_kernel(_SRC, flags, _DEPS)))
+        lib.quant_linear.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p,
+                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                     ctypes.c_int]
+        lib.quant_dequant_rows.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                           ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+        lib.quant_linear.restype = lib.quant_dequant_rows.restype = lib.decode_layers.restype = ctypes.c_int
+        lib.decode_layers.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_int] * 7,
+                                      ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                      ctypes.c_void_p, ctypes.c_int]
+        _libs[name] = lib
+    return _libs[name]
+
+
+def kernel_linear(x: torch.Tensor, w: QuantTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The C kernel for any row count: (..., K) fp32 x (N, K) blocks -> (..., N) fp32."""
+    lib = _lib()
+    if lib is None:
+        raise StudylibError("no block-format kernel on this CPU (it needs AVX2/FMA/F16C)")
+    n, k = w.shape
+    x32 = x if x.dtype is torch.float32 else x.float()
+    if not x32.is_contiguous():
+        x32 = x32.contiguous()
+    if bias is not None and (bias.dtype is not torch.float32 or not bias.is_contiguous()):
+        bias = bias.float().contiguous()
+    y = torch.empty(x.shape[:-1] + (n,), dtype=torch.float32)
+    m = y.numel() // n if n else 0
+    if m and lib.quant_linear(FORMATS[w.fmt][0], x32.data_ptr(), k, w.data.data_ptr(),
+                              None if bias is None else bias.data_ptr(), y.data_ptr(), m, k, n,
+                              torch.get_num_threads()):
+        raise StudylibError(f"quant_linear failed for {w.fmt} {w.shape}")
+    return y
+
+
+def linear(x: torch.Tensor, w: QuantTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ w.T + bias`` in fp32 (returned in x's dtype): the kernel for few rows, else dequantise + GEMM."""
+    if x.shape[-1] != w.shape[1]:
+        raise ValueError(f"linear: x has width {x.shape[-1]}, the {w.fmt} weight {w.shape[1]}")
+    rows = x.numel() // max(x.shape[-1], 1)
+    if rows <= KERNEL_MAX_ROWS and x.device.type == "cpu" and _lib() is not None:
+        y = kernel_linear(x, w, bias)
+    else:
+        y = F.linear(x.float(), w.dequantize(), None if bias is None else bias.float())
+    return y if x.dtype is torch.float32 else y.to(x.dtype)

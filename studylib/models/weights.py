@@ -1,0 +1,173 @@
+"""``--weights FORMAT``: which stored form of the weights the linears compute with.
+
+- ``dense``: the fp32/bf16 tensors (the HF-parity reference, the default);
+- ``gguf``: the embedded model's own GGUF blocks (Q4_1 linears, Q8_0 embedding and tied head), read
+  from the file, no dequantised copy kept. Its dequantised values *are* the dense fp32 model (the
+  converter dequantises the same file), so ``gguf`` is the same model reading 5.6x fewer bytes;
+- ``q8_0``, ``q4_0``, ``q4_1``: re-quantised from the dense weights by round-to-nearest (lossy);
+- ``awq4``: Q4_1 with activation-aware per-channel scales (AWQ-style, see ``awq.py``), lossy.
+
+Activations, norms, RoPE and the KV cache stay fp32 in every format; only linear weights and the
+embedding change form.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from studylib.errors import StudylibError
+from studylib.models.quant import QuantTensor, quantize
+
+WEIGHT_FORMATS = ("dense", "gguf", "q8_0", "q4_0", "q4_1", "awq4")
+_GGUF_MODELS = ("smollm2-135m",)
+
+
+class QuantLinear(nn.Module):
+    """A linear whose weight is a ``QuantTensor`` (read by ``cpu_linear.linear``)."""
+
+    def __init__(self, weight: QuantTensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.weight = weight
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from studylib.models.quant import linear
+
+        return linear(x, self.weight, self.bias)
+
+
+class QuantEmbedding(nn.Module):
+    def __init__(self, weight: QuantTensor):
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight.rows(ids)
+
+
+def check_weights(fmt: str, model_name: str | None = None, device: str | torch.device = "cpu") -> str:
+    """Validate a ``--weights`` value (and its model/device) without loading anything; returns it."""
+    from studylib.models import ALIASES
+
+    if fmt not in WEIGHT_FORMATS:
+        raise StudylibError(f"unknown --weights {fmt!r}; use one of {', '.join(WEIGHT_FORMATS)}.")
+    if fmt != "dense" and torch.device(device).type != "cpu":
+        raise StudylibError(f"--weights {fmt} runs on CPU only (block kernels); use --weights dense on {device}.")
+    if fmt == "gguf" and model_name is not None and ALIASES.get(model_name, model_name) not in _GGUF_MODELS:
+        raise StudylibError(f"--weights gguf reads the embedded model's GGUF file; {model_name!r} has none here: "
+                            "use --weights q4_1 (or q8_0/q4_0/awq4) to quantise it.")
+    return fmt
+
+
+def apply_weights(model, fmt: str, *, calibration: torch.Tensor | None = None):
+    """Put ``model``'s linears and embedding in ``fmt`` (in place; returns the model)."""
+    check_weights(fmt, model.config.name, model.device)
+    if fmt == "dense":
+        return model
+    if model.dtype != torch.float32:
+        raise StudylibError(f"--weights {fmt} computes in fp32; load with --dtype float32.")
+    if fmt == "gguf":
+        tensors = _gguf_tensors(model.config)
+    else:
+        tensors = _requantised(model, fmt, calibration)
+    _install(model, tensors)
+    model.weights_format = fmt
+    return model
+
+
+def _install(model, t: dict[str, QuantTensor]) -> None:
+    """Swap in block weights and drop the dense ones (no dequantised copy is kept)."""
+    model._fused = False  # the dense fused copies are gone; .to() must not rebuild them
+    for i, layer in enumerate(model.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.qkv_weight = t[f"{i}.qkv"]
+        attn.q_proj = attn.k_proj = attn.v_proj = None
+        attn.o_proj = QuantLinear(t[f"{i}.o"])
+        mlp.gate_up_weight = t[f"{i}.gate_up"]
+        mlp.gate_proj = mlp.up_proj = None
+        mlp.down_proj = QuantLinear(t[f"{i}.down"])
+    model.model.embed_tokens = QuantEmbedding(t["embed"])
+    model.lm_head = QuantLinear(t.get("head", t["embed"]))
+
+
+def _requantised(model, fmt: str, calibration: torch.Tensor | None) -> dict[str, QuantTensor]:
+    if fmt == "awq4":
+        from studylib.models.awq import awq_quantise
+
+        return awq_quantise(model, calibration)
+    out: dict[str, QuantTensor] = {}
+    for i, layer in enumerate(model.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        out[f"{i}.qkv"] = quantize(attn.qkv_weight, fmt)
+        out[f"{i}.o"] = quantize(attn.o_proj.weight, fmt)
+        out[f"{i}.gate_up"] = quantize(mlp.gate_up_weight, fmt)
+        out[f"{i}.down"] = quantize(mlp.down_proj.weight, fmt)
+    # The embedding and head stay 8-bit in every format, as in the GGUF file (4-bit heads cost quality
+    # for few bytes: llama.cpp's Q4 mixes keep them at Q6_K/Q8_0 too).
+    out["embed"] = quantize(model.model.embed_tokens.weight, "q8_0")
+    if model.lm_head.weight is not model.model.embed_tokens.weight:
+        out["head"] = quantize(model.lm_head.weight, "q8_0")
+    return out
+
+
+def _unpermute_rows(n: int, heads: int) -> torch.Tensor:
+    """Row order that undoes llama.cpp's q/k permutation (it interleaves each head's two RoPE halves)."""
+    return torch.arange(n).view(heads, (n // heads) // 2, 2).transpose(1, 2).reshape(n)
+
+
+def _gguf_tensors(cfg) -> dict[str, QuantTensor]:
+    import gguf
+
+    from studylib.models.hub import smollm2_gguf
+
+    reader = gguf.GGUFReader(str(smollm2_gguf()))
+    raw = {t.name: t for t in reader.tensors}
+
+    def block(name: str) -> QuantTensor:
+        t = raw[name]
+        fmt = t.tensor_type.name.lower()
+        data = torch.from_numpy(np.array(t.data))  # a copy: the memory map closes with the reader
+        return QuantTensor(data, fmt, (data.shape[0], int(t.shape[0])))
+
+    def cat(parts: list[QuantTensor]) -> QuantTensor:
+        if len({p.fmt for p in parts}) != 1:
+            raise StudylibError("GGUF tensors fused into one matmul must share a block format")
+        data = torch.cat([p.data for p in parts])
+        return QuantTensor(data, parts[0].fmt, (data.shape[0], parts[0].shape[1]))
+
+    def rows(qt: QuantTensor, order: torch.Tensor) -> QuantTensor:
+        return QuantTensor(qt.data[order], qt.fmt, qt.shape)
+
+    out: dict[str, QuantTensor] = {}
+    for i in range(cfg.num_layers):
+        p = f"blk.{i}."
+        q, k = block(p + "attn_q.weight"), block(p + "attn_k.weight")
+        q = rows(q, _unpermute_rows(q.shape[0], cfg.num_heads))
+        k = rows(k, _unpermute_rows(k.shape[0], cfg.num_kv_heads))
+        out[f"{i}.qkv"] = cat([q, k, block(p + "attn_v.weight")])
+        out[f"{i}.o"] = block(p + "attn_output.weight")
+        out[f"{i}.gate_up"] = cat([block(p + "ffn_gate.weight"), block(p + "ffn_up.weight")])
+        out[f"{i}.down"] = block(p + "ffn_down.weight")
+    out["embed"] = block("token_embd.weight")
+    if "output.weight" in raw:
+        out["head"] = block("output.weight")
+    return out
+
+
+def weight_bytes(model) -> int:
+    """Bytes of weights one decode step reads: every linear incl. the head (not the embedding, of
+    which a step reads one row)."""
+    def size(w) -> int:
+        return w.nbytes if isinstance(w, QuantTensor) else w.numel() * w.element_size()
+
+    total = 0
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        total += size(a.qkv_weight) if a.qkv_weight is not None else sum(
+            size(p.weight) for p in (a.q_proj, a.k_proj, a.v_proj))
+        total += size(m.gate_up_weight) if m.gate_up_weight is not None else sum(
+            size(p.weight) for p in (m.gate_proj, m.up_proj))
+        total += size(a.o_proj.weight) + size(m.down_proj.weight)
+    return total + size(model.lm_head.weight)
