@@ -1,4 +1,4 @@
-"""The study's claims (C1..C8), verdict records, and the rules that turn measurements into verdicts.
+"""The study's claims (C1..C9), verdict records, and the rules that turn measurements into verdicts.
 
 A verdict is never typed by hand: each chapter passes its measurements to a rule and the rule decides.
 
@@ -111,6 +111,13 @@ CLAIMS: dict[str, Claim] = {c.id: c for c in (
           "co-designed view.",
           "The combined chapter shows how the gains interact (speculative gains shrinking as batch grows; "
           "prefix caching helping TTFT but not TPOT)."),
+    Claim("C9", "abstract, 1.3",
+          "通过结构优化（如并行解码、推测解码）、计算压缩与缓存机制创新，可显著突破“逐字思考”局限",
+          "Computation compression, together with structural optimisation (parallel and speculative decoding) "
+          "and cache innovation, substantially breaks the token-by-token limit.",
+          "Decode and prefill speed of compressed weights (8-bit, 4-bit) against the uncompressed reference, "
+          "bytes per token vs. the roofline, and quality retained (task metric ratio, KL divergence, top-1 "
+          "agreement, perplexity ratio)."),
 )}
 
 

@@ -26,6 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--dtype", default=None, help="float32 (CPU default) | bfloat16 | float16 (CUDA only)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--weights", default="dense",
+                   help="dense (default) | gguf (the embedded model's own Q4_1/Q8_0 blocks) | q8_0 | q4_0 | q4_1 | awq4")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompts", help="JSONL file: id plus prompt or messages per line")
@@ -77,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     get_decoder(args.method)  # fail on an unknown method before the model loads
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     records = read_prompts(args.prompts) if args.prompts else [PromptRecord("prompt", prompt=args.prompt)]
-    model, tok = load_model(args.model, args.device, args.dtype)
+    model, tok = load_model(args.model, args.device, args.dtype, weights=args.weights)
     if args.method == "speculative" and "draft" in options:
         from studylib.decoding.speculative import resolve_draft
 
@@ -86,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
         ids = encode(tok, rec, chat=args.chat)
         res = decode(args.method, model, ids, args.max_new_tokens, sampling, tokenizer=tok, **options)
         if args.json:
-            row = {"id": rec.id, "method": args.method, "model": model.config.name, **res.to_dict()}
+            row = {"id": rec.id, "method": args.method, "model": model.config.name, "weights": args.weights,
+                   **res.to_dict()}
             row["random_weights"] = model.config.random_weights
             print(json.dumps(row), flush=True)
         else:

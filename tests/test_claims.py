@@ -37,8 +37,8 @@ def est(value, lo, hi, n=12):
     return Estimate(value, lo, hi, n, [value] * n)
 
 
-def test_registry_has_c1_to_c8_with_chinese_quotes():
-    assert list(CLAIMS) == [f"C{i}" for i in range(1, 9)]
+def test_registry_has_c1_to_c9_with_chinese_quotes():
+    assert list(CLAIMS) == [f"C{i}" for i in range(1, 10)]
     for c in CLAIMS.values():
         assert any("\u4e00" <= ch <= "\u9fff" for ch in c.quote_zh), c.id
         assert c.text and c.decides and c.section

@@ -38,11 +38,12 @@ def run_ar_bench(
     out_dir: str | Path | None = None,
     probe: dict | None = None,
     progress: bool = True,
+    weights: str = "dense",
 ) -> dict:
     from studylib.models import load_hf_model, load_model
 
     torch.set_num_threads(threads)
-    model, tok = load_model(model_name, device, dtype)
+    model, tok = load_model(model_name, device, dtype, weights=weights)
     hf = load_hf_model(model_name, device, dtype)
     prompts = [encode(tok, r) for r in default_prompts(n_prompts)]
     eos = model.config.eos_token_ids[0] if model.config.eos_token_ids else None
@@ -85,7 +86,10 @@ def run_ar_bench(
         # The runtime widens bf16 weights to fp32 in registers (studylib.models.cpu_linear), so the
         # compute ceiling is the faster of the two rates, not the emulated bf16 GEMM's.
         peak = max(peak or 0.0, probe.get("matmul_gflops_float32") or 0.0) or None
-    limit = roofline_tokens_per_s(model.config, mean_ctx, dtype, probe["bandwidth_gbs"], peak)
+    from studylib.models.weights import weight_bytes
+
+    wbytes = None if weights == "dense" else weight_bytes(model)
+    limit = roofline_tokens_per_s(model.config, mean_ctx, dtype, probe["bandwidth_gbs"], peak, weight_bytes=wbytes)
     result = {
         "model": model.config.name,
         "random_weights": model.config.random_weights,
@@ -104,7 +108,7 @@ def run_ar_bench(
         "identical_to_hf": sum(same) / len(same),
         "mean_context": mean_ctx,
         "probe": probe,
-        "provenance": provenance(model=model_name, dtype=dtype, threads=threads, device=device),
+        "provenance": provenance(model=model_name, dtype=dtype, weights=weights, threads=threads, device=device),
     }
     if out_dir is not None:
         out = Path(out_dir)

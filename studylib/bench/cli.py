@@ -9,7 +9,9 @@ import json
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("which", choices=["ar", "probe"], help="ar: studylib vs HF generate vs roofline; probe: machine limits")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 (default: bfloat16)")
+    p.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: bfloat16 for dense weights, "
+                   "float32 for block formats)")
+    p.add_argument("--weights", default="dense", help="dense | gguf | q8_0 | q4_0 | q4_1 | awq4")
     p.add_argument("--device", default="cpu")
     p.add_argument("--prompts", type=int, default=4, help="number of chat prompts")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -30,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from studylib.bench.ar_bench import run_ar_bench, summary_lines
 
-    result = run_ar_bench(args.model, args.dtype, args.prompts, args.max_new_tokens, args.repeats,
-                          args.threads, args.device, args.out)
+    dtype = args.dtype or ("bfloat16" if args.weights == "dense" else "float32")
+    result = run_ar_bench(args.model, dtype, args.prompts, args.max_new_tokens, args.repeats,
+                          args.threads, args.device, args.out, weights=args.weights)
     print(json.dumps(result) if args.json else "\n".join(summary_lines(result)))
     return 0

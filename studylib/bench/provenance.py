@@ -110,6 +110,16 @@ def _quest_kernel() -> str:
         return f"unknown ({err})"
 
 
+def _quant_kernel() -> str:
+    """Which build of the block-format kernel runs ``--weights gguf|q8_0|...`` (avx512, avx2 or torch)."""
+    try:
+        from studylib.models.quant import isa
+
+        return isa()
+    except Exception as err:  # provenance must never fail a report
+        return f"unknown ({err})"
+
+
 def provenance(**params: object) -> dict:
     import torch
 
@@ -136,5 +146,6 @@ def provenance(**params: object) -> dict:
         "gpu": gpu,
         "cpu_linear": _cpu_linear_backend(),
         "quest_kernel": _quest_kernel(),
+        "quant_kernel": _quant_kernel(),
         "params": params,
     }

@@ -60,11 +60,13 @@ def dtype_bytes(dtype: torch.dtype | str) -> int:
     return torch.empty(0, dtype=dtype).element_size()
 
 
-def decode_bytes_per_step(cfg: ModelConfig, context_len: int, dtype_size: int, batch: int = 1) -> float:
+def decode_bytes_per_step(cfg: ModelConfig, context_len: int, dtype_size: int, batch: int = 1,
+                          weight_bytes: float | None = None) -> float:
     """Bytes one decode step must move: every weight once (shared by the batch), each sequence's KV
     read over ``context_len`` tokens plus its new KV written. The embedding lookup reads only one row
-    per token, but a tied lm_head reads the whole matrix, so the embedding counts in full either way."""
-    weights = cfg.num_params * dtype_size
+    per token, but a tied lm_head reads the whole matrix, so the embedding counts in full either way.
+    ``weight_bytes``: the measured size of block-format weights (``models.weights.weight_bytes``)."""
+    weights = cfg.num_params * dtype_size if weight_bytes is None else weight_bytes
     kv = batch * (context_len + 1) * cfg.kv_bytes_per_token(dtype_size)
     return weights + kv
 
@@ -77,10 +79,10 @@ def decode_flops_per_step(cfg: ModelConfig, context_len: int, batch: int = 1) ->
 
 def roofline_tokens_per_s(
     cfg: ModelConfig, context_len: int, dtype: torch.dtype | str, bandwidth_gbs: float,
-    peak_gflops: float | None = None, batch: int = 1,
+    peak_gflops: float | None = None, batch: int = 1, weight_bytes: float | None = None,
 ) -> float:
     """Upper bound on decode tokens/s (all sequences together) from bandwidth and, if given, compute."""
-    secs = decode_bytes_per_step(cfg, context_len, dtype_bytes(dtype), batch) / (bandwidth_gbs * 1e9)
+    secs = decode_bytes_per_step(cfg, context_len, dtype_bytes(dtype), batch, weight_bytes) / (bandwidth_gbs * 1e9)
     if peak_gflops:
         secs = max(secs, decode_flops_per_step(cfg, context_len, batch) / (peak_gflops * 1e9))
     return batch / secs

@@ -51,6 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slo-e2el", type=float, default=None, help="goodput SLO on end-to-end latency (s)")
     p.add_argument("--dtype", default=None, help="float32 (CPU default) | bfloat16 | float16 (CUDA only)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--weights", default="dense", help="dense | gguf | q8_0 | q4_0 | q4_1 | awq4 (CPU, fp32)")
     p.add_argument("--records", default=None, help="write one JSONL line per request to this file")
     p.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
     p.add_argument("--json", action="store_true", help="print one JSON summary object")
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         scheduler=args.scheduler, prefix_cache=args.prefix_cache, max_batch_tokens=args.max_batch_tokens,
         max_running=args.max_running, chunk_size=args.chunk_size, cache_aware=args.cache_aware,
         block_size=args.block_size, kv_budget_mib=args.kv_budget_mib, batch_invariant=args.batch_invariant)
-    model, tok = load_model(args.model, args.device, args.dtype)
+    model, tok = load_model(args.model, args.device, args.dtype, weights=args.weights)
     items = make_workload(args.workload, args.num_requests, args.seed, args.max_new_tokens, tok)
     requests = to_requests(items, tok, rate=args.rate, burstiness=args.burstiness, seed=args.seed,
                            max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos)
