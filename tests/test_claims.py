@@ -179,7 +179,7 @@ def test_study_has_one_line_per_claim():
 
 def test_verdict_validates_and_roundtrips():
     with pytest.raises(ValueError):
-        Verdict("C9", "", "m", 1.0, None, "", HOLDS, "", 1)
+        Verdict("C10", "", "m", 1.0, None, "", HOLDS, "", 1)
     with pytest.raises(ValueError):
         Verdict("C1", "", "m", 1.0, None, "", "probably", "", 1)
     with pytest.raises(ValueError):
