@@ -1,5 +1,5 @@
-"""AWQ-style Q4_1 (``models.awq``): the scale search, the exactness of the folds, and the error of the
-quantised model against plain round-to-nearest Q4_1."""
+"""AWQ-style Q4_0 (``models.awq``): the scale search, the exactness of the folds, and the error of the
+quantised model against plain round-to-nearest Q4_0."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_folds_leave_the_function_unchanged():
 
 def test_awq4_model_runs_with_the_keys_of_the_other_formats():
     dense, _ = load_model("tiny-random")
-    keys = set(_requantised(dense, "q4_1", None))
+    keys = set(_requantised(dense, "q4_0", None))
     assert set(awq.awq_quantise(copy.deepcopy(dense), None)) == keys
 
     model, _ = load_model("tiny-random", weights="awq4")
@@ -93,18 +93,18 @@ def test_awq4_model_runs_with_the_keys_of_the_other_formats():
     assert bool(torch.isfinite(_logits(model, one)).all())
     # Sanity against a broken fold (which gives errors orders of magnitude larger): on this model,
     # whose channels are near-uniform, AWQ and RTN are within rounding noise of each other.
-    rtn, _ = load_model("tiny-random", weights="q4_1")
+    rtn, _ = load_model("tiny-random", weights="q4_0")
     ref = _logits(dense, ids)
     assert _mse(out, ref) < 1.25 * _mse(_logits(rtn, ids), ref)
 
 
 def test_awq_beats_rtn_where_channels_are_salient():
-    """On calibration inputs, the model with salient channels: AWQ's error is below RTN Q4_1's."""
+    """On calibration inputs, the model with salient channels: AWQ's error is below RTN Q4_0's."""
     dense, _ = load_model("tiny-random")
     dense = _with_outlier_channels(dense)
     ids = awq.default_calibration(dense.config.vocab_size)
     ref = _logits(dense, ids)
-    rtn = apply_weights(copy.deepcopy(dense), "q4_1")
+    rtn = apply_weights(copy.deepcopy(dense), "q4_0")
     aw = apply_weights(copy.deepcopy(dense), "awq4", calibration=ids)
     err_rtn, err_awq = _mse(_logits(rtn, ids), ref), _mse(_logits(aw, ids), ref)
     assert err_awq <= err_rtn

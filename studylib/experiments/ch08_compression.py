@@ -87,8 +87,34 @@ def footprint(models: Mapping[str, object]) -> pd.DataFrame:
     base = weight_bytes(models[BASELINE])
     for arm, m in models.items():
         b = weight_bytes(m)
-        rows.append({"arm": arm, "weight_mib": b / 2**20, "bits_per_weight": 32 * b / base, "bytes_vs_dense": b / base})
+        rows.append({"arm": arm, "weight_mib": b / 2**20, "bits_per_weight": 32 * b / base, "bytes_vs_dense": b / base,
+                     "weight_rel_error": weight_error(models[BASELINE], m)})
     return pd.DataFrame(rows)
+
+
+def _linears(model) -> list:
+    out = []
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        out += [a.qkv_weight, a.o_proj.weight, m.gate_up_weight, m.down_proj.weight]
+    return out + [model.lm_head.weight]
+
+
+@torch.inference_mode()
+def weight_error(ref, model) -> float | None:
+    """||W - W_ref|| / ||W_ref|| over every linear (as the arm computes with them, widened to fp32);
+    0.0 means the arm holds exactly the reference's weights. None for ``awq4``, whose weights are
+    scaled per channel (the inverse scales sit in the norms), so they are not comparable one by one."""
+    from studylib.models.quant import QuantTensor
+
+    if model.weights_format == "awq4":
+        return None
+    num = den = 0.0
+    for w, r in zip(_linears(model), _linears(ref), strict=True):
+        w = w.dequantize() if isinstance(w, QuantTensor) else w.float()
+        num += float((w - r.float()).pow(2).sum())
+        den += float(r.float().pow(2).sum())
+    return math.sqrt(num / den)
 
 
 def decode_runs(models: Mapping[str, object], prompts: Sequence[Sequence[int]], new_tokens: int,

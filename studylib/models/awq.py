@@ -1,11 +1,16 @@
-"""AWQ-style 4-bit weights: Q4_1 blocks with activation-aware per-input-channel scales.
+"""AWQ-style 4-bit weights: Q4_0 blocks with activation-aware per-input-channel scales.
+
+Why Q4_0 and not Q4_1: the embedded model was itself made by round-to-nearest Q4_1 (its GGUF file), so
+re-quantising its weights to Q4_1 gives back the very same blocks (chapter 8 measures this) and there
+is nothing left for AWQ to improve. Q4_0 (symmetric, no offset, 4.5 bits) is lossy on this model, and
+AWQ over Q4_0 is compared with plain round-to-nearest Q4_0 at the same size.
 
 Activation-aware weight quantisation (AWQ; Lin, Tang, Tang, Yang, Dang, Gan and Han, "AWQ:
 Activation-aware Weight Quantization for LLM Compression and Acceleration", MLSys 2024) rests on one
 observation: a few input channels carry much larger activations than the rest, so the weights that
 multiply them matter most. Scaling those weight columns up by ``s`` before round-to-nearest and the
 activations down by ``1/s`` leaves the product unchanged in exact arithmetic but gives the salient
-columns a finer effective grid. Nothing new is stored: the block format stays plain Q4_1 (read by the
+columns a finer effective grid. Nothing new is stored: the block format stays plain Q4_0 (read by the
 same kernel), and ``1/s`` is folded into whatever produces the activations.
 
 What this module does, per decoder layer, from one forward pass over calibration tokens:
@@ -19,13 +24,13 @@ What this module does, per decoder layer, from one forward pass over calibration
 3. ``gate_up`` (input: ``post_attention_layernorm``'s output) is then searched the same way on that
    folded weight (its input is unchanged by the fold), and ``1/s`` goes into the norm's weight.
 4. ``qkv`` (input: ``input_layernorm``'s output) likewise, folding into ``input_layernorm``.
-5. ``o_proj`` is plain round-to-nearest Q4_1: its input comes from ``v`` through the softmax with
+5. ``o_proj`` is plain round-to-nearest Q4_0: its input comes from ``v`` through the softmax with
    grouped-query heads, so there is no per-channel producer to fold into (AWQ's reference code also
    skips the v -> o scaling when the head counts differ).
 6. The embedding and an untied head are Q8_0, as for every block format (``weights._requantised``).
 
 ``alpha = 0`` (``s = 1``) is plain round-to-nearest and is always in the grid, so on the calibration
-rows each linear is never worse than RTN Q4_1. The search is per linear and greedy (not the full
+rows each linear is never worse than RTN Q4_0. The search is per linear and greedy (not the full
 block-output loss of the paper, nor its weight clipping search), and activations are recorded once
 from the dense model, which the folds leave mathematically unchanged.
 
@@ -50,7 +55,7 @@ import torch.nn.functional as F
 from studylib.errors import StudylibError
 from studylib.models.quant import QuantTensor, dequantize_ref, quantize
 
-FMT = "q4_1"
+FMT = "q4_0"
 ALPHAS = tuple(i / 10 for i in range(11))  # 0 first: plain RTN wins ties
 MAX_ROWS = 256  # sampled input rows per linear for the search loss
 DEFAULT_CALIBRATION = (8, 64)  # (batch, seq) of the seeded random ids used when none are given
@@ -180,7 +185,7 @@ def awq_fold(model, calibration: torch.Tensor | None = None):
 
 
 def awq_quantise(model, calibration: torch.Tensor | None) -> dict[str, QuantTensor]:
-    """AWQ-style Q4_1 blocks for ``model``'s linears (plus Q8_0 embedding / untied head), keyed as
+    """AWQ-style Q4_0 blocks for ``model``'s linears (plus Q8_0 embedding / untied head), keyed as
     ``weights._requantised`` keys them. Folds the scales into the model's norms in place (see the
     module docstring); ``calibration``: (batch, seq) token ids of real text, or None for seeded
     random ids."""

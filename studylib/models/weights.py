@@ -4,8 +4,9 @@
 - ``gguf``: the embedded model's own GGUF blocks (Q4_1 linears, Q8_0 embedding and tied head), read
   from the file, no dequantised copy kept. Its dequantised values *are* the dense fp32 model (the
   converter dequantises the same file), so ``gguf`` is the same model reading 5.6x fewer bytes;
-- ``q8_0``, ``q4_0``, ``q4_1``: re-quantised from the dense weights by round-to-nearest (lossy);
-- ``awq4``: Q4_1 with activation-aware per-channel scales (AWQ-style, see ``awq.py``), lossy.
+- ``q8_0``, ``q4_0``, ``q4_1``: re-quantised from the dense weights by round-to-nearest (lossy in
+  general; the embedded model's weights are Q4_1 values already, so ``q4_1`` reproduces its blocks);
+- ``awq4``: Q4_0 with activation-aware per-channel scales (AWQ-style, see ``awq.py``), lossy.
 
 Activations, norms, RoPE and the KV cache stay fp32 in every format; only linear weights and the
 embedding change form.
