@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -264,6 +265,66 @@ def task_summary(task: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def identity_runs(models: Mapping[str, object], prompts: Sequence[Sequence[int]], new_tokens: int,
+                  arm: str = "gguf", progress: bool = True) -> pd.DataFrame:
+    """Greedy tokens of the reference and ``arm`` on every prompt (the exactness check of a lossless
+    format, on more prompts than the speed runs need); rows shaped like ``decode_runs``'."""
+    rows = []
+    for i, ids in progress_bar(list(enumerate(prompts)), desc=f"{arm} = dense?", progress=progress):
+        for a in rotated([BASELINE, arm], i):
+            rows.append({"arm": a, "prompt": i, "tokens": list(ar.generate(models[a], list(ids), new_tokens).token_ids)})
+    return pd.DataFrame(rows)
+
+
+@torch.inference_mode()
+def fusion_runs(model, prefix: int, repeats: int, progress: bool = True) -> pd.DataFrame:
+    """One-token decode steps of a block-format ``model`` with every layer in one C call
+    (``decode_layers``) and with the per-op PyTorch layers, interleaved: what the framework's per-op
+    overhead costs per token, and what fusing it away saves."""
+    import os
+
+    ids = torch.arange(10, 10 + prefix)[None]
+    cache = DenseKVCache(model.config, 1, prefix + 1)
+    model(ids, cache.begin(prefix), logits="none")
+    rows = []
+    before = os.environ.get("STUDYLIB_DECODE_LAYERS")
+    try:
+        for r in progress_bar(range(repeats), desc="fused vs per-op", progress=progress):
+            for path in rotated(["auto", "torch"], r):
+                os.environ["STUDYLIB_DECODE_LAYERS"] = path
+                for _ in range(2):  # the first step after a switch is a warm-up
+                    t0 = time.perf_counter()
+                    model(torch.tensor([[42]]), cache.begin(1))
+                    dt = time.perf_counter() - t0
+                    cache.truncate(prefix)
+                rows.append({"path": "one C call per step" if path == "auto" else "per-op PyTorch", "repeat": r,
+                             "ms": 1e3 * dt})
+    finally:
+        if before is None:
+            os.environ.pop("STUDYLIB_DECODE_LAYERS", None)
+        else:
+            os.environ["STUDYLIB_DECODE_LAYERS"] = before
+    return pd.DataFrame(rows)
+
+
+def fusion_summary(runs: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    rows = []
+    for path, g in runs.groupby("path", sort=False):
+        e = estimate(g.ms.to_numpy())
+        rows.append({"path": path, "ms_per_token": e.value, "ci_low": e.ci_low, "ci_high": e.ci_high, "n": e.n})
+    t = pd.DataFrame(rows)
+    fused = runs[runs.path == "one C call per step"].sort_values("repeat").ms.tolist()
+    perop = runs[runs.path == "per-op PyTorch"].sort_values("repeat").ms.tolist()
+    sp = ratio_estimate(perop, fused)
+    text = (f"One decode step of the block-format model costs {t.ms_per_token.iloc[0]:.1f} ms through "
+            f"`{t.path.iloc[0]}` and {t.ms_per_token.iloc[1]:.1f} ms through `{t.path.iloc[1]}` "
+            f"(median of {sp.n} interleaved repeats; fused / per-op speed-up {sp.value:.2f}x, CI "
+            f"{sp.ci_low:.2f}-{sp.ci_high:.2f}). The linears are the same kernel in both; the difference is the "
+            "~50 small PyTorch operations per layer (norms, RoPE, KV writes, attention, SiLU, residuals) and their "
+            "dispatch, which cost as much as reading the 4-bit weights.")
+    return t, text
+
+
 def greedy_identity(decode: pd.DataFrame, arm: str = "gguf") -> dict:
     """Prompt by prompt: does ``arm`` emit exactly dense fp32's greedy tokens? Flips are listed with the
     first position at which they part."""
@@ -431,6 +492,61 @@ def step_cost_text(cost: pd.DataFrame) -> str:
             "though every step is cheaper in absolute terms.")
 
 
+PEER_FILE, PEER_PROMPTS = "llama_cpp.json", "ch08_prompts.jsonl"
+
+
+def export_peer_prompts(out_dir, prompts: Sequence[Sequence[int]], decode: pd.DataFrame, new_tokens: int,
+                        arm: str = "gguf") -> Path | None:
+    """Write the decode prompts (token ids) and our ``arm``'s greedy tokens for the llama.cpp peer
+    (``benchmarks/peers/llamacpp_peer.py``) to ``<out_dir>/peers/ch08_prompts.jsonl``."""
+    import json
+
+    if arm not in set(decode.arm):
+        return None
+    path = Path(out_dir) / "peers" / PEER_PROMPTS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ours = decode[decode.arm == arm].set_index("prompt").tokens
+    lines = [json.dumps({"id": i, "prompt_token_ids": list(map(int, ids)), "max_new_tokens": new_tokens,
+                         "ours": list(map(int, ours[i]))}) for i, ids in enumerate(prompts)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def peer_frame(out_dir, decode: pd.DataFrame, arm: str = "gguf") -> tuple[pd.DataFrame | None, str]:
+    """llama.cpp beside our ``arm`` on the same prompts, if the peer's JSON is present: decode tok/s of
+    each, ours / theirs paired per prompt, and how many greedy outputs agree. Returns (table, text)."""
+    import json
+
+    from studylib.experiments.ch05_interplay import reports_folder
+
+    path = reports_folder(out_dir) / "peers" / PEER_FILE
+    if not path.exists():
+        return None, (f"No llama.cpp run found at `<reports>/peers/{PEER_FILE}`: the peer runs in its own environment "
+                      "(`benchmarks/peers/README.md`), on the prompts this chapter exported, and this section "
+                      "shows it when its JSON is there.")
+    peer = json.loads(path.read_text())
+    theirs = {int(r["id"]): r for r in peer["prompts"]}
+    ours = decode[decode.arm == arm].set_index("prompt")
+    ids = [i for i in ours.index if i in theirs]
+    if len(ids) < len(ours):
+        return None, f"`{path}` covers {len(ids)} of {len(ours)} prompts; rerun the peer on this run's export."
+    t_ours = [float(ours.loc[i, "decode_s_per_token"]) for i in ids]
+    t_peer = [float(theirs[i]["decode_s_per_token"]) for i in ids]
+    ratio = ratio_estimate(t_peer, t_ours)  # > 1: ours is faster
+    e_ours, e_peer = estimate([1 / t for t in t_ours]), estimate([1 / t for t in t_peer])
+    same = sum(bool(theirs[i]["identical_to_ours"]) for i in ids)
+    table = pd.DataFrame([
+        {"engine": f"studylib ({arm})", "decode_tok_s": e_ours.value, "ci_low": e_ours.ci_low, "ci_high": e_ours.ci_high},
+        {"engine": f"llama.cpp {peer.get('llama_cpp_python', '')}", "decode_tok_s": e_peer.value,
+         "ci_low": e_peer.ci_low, "ci_high": e_peer.ci_high}])
+    text = (f"On the same GGUF file, prompts and {peer.get('threads')} threads, our `{arm}` engine decodes at "
+            f"{ratio.value:.2f}x llama.cpp's tokens/s (CI {ratio.ci_low:.2f}-{ratio.ci_high:.2f}, n={ratio.n} prompts; "
+            f"llama.cpp ran minutes after this chapter, in the same session, from `{path.name}` dated "
+            f"{peer.get('date')}). Greedy outputs agree on {same} of {len(ids)} prompts: llama.cpp rounds the "
+            "activations to 8 bits before its integer dot products, so it computes a slightly different model.")
+    return table, text
+
+
 def anchors_frame() -> pd.DataFrame:
     """Published figures to read ours against (their models and machines, not ours)."""
     return pd.DataFrame([
@@ -444,9 +560,9 @@ def anchors_frame() -> pd.DataFrame:
     ])
 
 
-def measurements(fp, speed, quality, task, identity, cost_summary, probe) -> dict:
+def measurements(fp, speed, quality, task, identity, cost_summary, probe, fusion=None) -> dict:
     drop = ["estimate"]
-    return {"footprint": fp.to_dict("records"),
+    return {"footprint": fp.to_dict("records"), "fusion": None if fusion is None else fusion.to_dict("records"),
             "speed": speed.drop(columns=drop).to_dict("records"),
             "quality": quality.to_dict("records"),
             "task": task.drop(columns=drop).to_dict("records"),

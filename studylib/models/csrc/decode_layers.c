@@ -46,6 +46,18 @@ static void rope_row(float *x, const float *cs, const float *sn, int D) {
     for (int i = h; i < D; i++) x[i] = tmp[i] * cs[i] + tmp[i - h] * sn[i];
 }
 
+/* q . k over D, in vector lanes when D is a multiple of the lane count (a fixed order either way). */
+static inline float dot(const float *q, const float *k, int D) {
+    if (D % LANES == 0) {
+        vf acc = VMUL(VLOAD(q), VLOAD(k));
+        for (int i = LANES; i < D; i += LANES) acc = VFMA(VLOAD(q + i), VLOAD(k + i), acc);
+        return vsum(acc);
+    }
+    float d = 0.0f;
+    for (int i = 0; i < D; i++) d += q[i] * k[i];
+    return d;
+}
+
 int decode_layers(
         int L, const layer_t *layers, float *x /* (B*T, hid), updated in place */,
         int B, int T, int hid, int H, int Hkv, int D, int inter, float eps,
@@ -90,9 +102,7 @@ int decode_layers(
             float mx = -INFINITY;
             for (int j = 0; j < upto; j++) {
                 if (mrow && !mrow[j]) { sc[j] = -INFINITY; continue; }
-                float d = 0.0f;
-                for (int i = 0; i < D; i++) d += q[i] * K[(size_t)j * D + i];
-                sc[j] = d * scale;
+                sc[j] = dot(q, K + (size_t)j * D, D) * scale;
                 if (sc[j] > mx) mx = sc[j];
             }
             float sum = 0.0f;
