@@ -81,6 +81,7 @@ def main() -> int:
                      "first_difference": first_diff, "matching_prefix_share": same / max(len(ours), 1)})
     out = {"engine": "llama.cpp", "llama_cpp_python": llama_cpp.__version__, "threads": args.threads,
            "gguf": Path(args.gguf).name, "platform": platform.platform(),
+           "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "prompts": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
