@@ -163,13 +163,17 @@ def make_cache(spec: str | Pattern, cfg: ModelConfig, max_len: int, device="cpu"
 
     dense -> DenseKVCache; window / blocksparse -> PatternKVCache (all slots kept, sparse compute);
     sinks -> SinkKVCache (bounded memory); quest -> QuestKVCache (all slots kept, each decode step
-    reads the pages its query needs). ``evict=False`` forces the mask version for sinks;
+    reads the pages its query needs); int8kv -> Int8KVCache (dense attention, 8-bit storage). ``evict=False`` forces the mask version for sinks;
     ``evict=True`` makes window evict too (a SinkKVCache with 0 sinks). ``backend`` picks the
     attention backend of PatternKVCache: torch (gather), masked (SDPA + mask), triton, cuda.
     """
     pattern = Pattern.parse(spec)
     if isinstance(pattern, Dense):
         return DenseKVCache(cfg, batch, max_len, device, dtype)
+    if pattern.kind == "int8kv":
+        from studylib.kvcache.int8 import Int8KVCache
+
+        return Int8KVCache(cfg, batch, max_len, device, dtype)
     if isinstance(pattern, Quest):
         if evict:
             raise StudylibError(f"{pattern.spec} keeps every token by design (a later query may need any page); "

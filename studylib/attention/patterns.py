@@ -34,7 +34,7 @@ import torch
 from studylib.errors import StudylibError
 
 GRAMMAR = (
-    "dense | window:W | sinks:S,W | blocksparse:block=B,local=L,global=G,random=R,seed=X "
+    "dense | int8kv (dense over an 8-bit KV cache) | window:W | sinks:S,W | blocksparse:block=B,local=L,global=G,random=R,seed=X "
     "(or positionally blocksparse:B,L,G,R[,X]) | quest:budget=B,page=P,sinks=S,recent=R,dense=L "
     "(or positionally quest:B[,P,S,R,L]; defaults page=16,sinks=4,recent=64,dense=2; B >= S + R + P) "
     "(blocksparse keys optional, defaults block=64,local=4,global=1,random=0,seed=0; all integers, "
@@ -68,6 +68,8 @@ class Pattern:
         name, _, args = text.partition(":")
         if name == "dense" and not args:
             return Dense()
+        if name == "int8kv" and not args:
+            return Int8KV()
         if name == "window":
             (w,) = _ints(spec, args, 1)
             return Window(window=w)
@@ -170,6 +172,18 @@ class Pattern:
 @dataclass(frozen=True)
 class Dense(Pattern):
     kind = "dense"
+
+
+@dataclass(frozen=True)
+class Int8KV(Pattern):
+    """Dense attention over a KV cache stored in 8 bits (``kvcache.int8.Int8KVCache``): every key is
+    still visible; what changes is how many bytes each one costs to keep and to read."""
+
+    kind = "int8kv"
+
+    @property
+    def spec(self) -> str:
+        return "int8kv"
 
 
 @dataclass(frozen=True)

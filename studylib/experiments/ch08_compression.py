@@ -30,7 +30,15 @@ from studylib.progress import progress_bar
 CHAPTER = 8
 BASELINE = "dense"
 LOSSLESS = ("gguf",)  # the dense model's own weights in their stored blocks
-ARM_LOAD = {"dense": ("float32", "dense"), "bf16": ("bfloat16", "dense")}  # others: (float32, arm)
+ARM_LOAD = {"dense": ("float32", "dense"), "bf16": ("bfloat16", "dense"),  # others: (float32, arm)
+            "kv_int8": ("float32", "dense")}
+ATTENTION = {"kv_int8": "int8kv"}  # arms that differ from the reference in the KV cache, not the weights
+
+
+def _cache(arm: str, model, max_len: int):
+    from studylib.attention import make_cache
+
+    return make_cache(ATTENTION.get(arm, "dense"), model.config, max_len, model.device, model.dtype)
 
 
 def documents(tok, n: int, tokens: int, seed: int = 0) -> list[list[int]]:
@@ -89,8 +97,14 @@ def footprint(models: Mapping[str, object]) -> pd.DataFrame:
     for arm, m in models.items():
         b = weight_bytes(m)
         rows.append({"arm": arm, "weight_mib": b / 2**20, "bits_per_weight": 32 * b / base, "bytes_vs_dense": b / base,
-                     "weight_rel_error": weight_error(models[BASELINE], m)})
+                     "kv_kib_per_token": kv_bytes_per_token(arm, m) / 1024,
+                     "weight_rel_error": weight_error(models[BASELINE], m) if arm not in ATTENTION else 0.0})
     return pd.DataFrame(rows)
+
+
+def kv_bytes_per_token(arm: str, model) -> int:
+    """Bytes of KV cache one token keeps (and every later step reads), from the cache the arm allocates."""
+    return _cache(arm, model, 1).nbytes
 
 
 def _linears(model) -> list:
@@ -126,7 +140,7 @@ def decode_runs(models: Mapping[str, object], prompts: Sequence[Sequence[int]], 
     jobs = list(enumerate(prompts))
     for i, ids in progress_bar(jobs, desc="decode speed", progress=progress):
         for arm in rotated(arms, i):
-            r = ar.generate(models[arm], list(ids), new_tokens)
+            r = ar.generate(models[arm], list(ids), new_tokens, attention=ATTENTION.get(arm))
             rows.append({"arm": arm, "prompt": i, "prompt_tokens": len(ids), "new_tokens": r.new_tokens,
                          "ttft_s": r.ttft_s, "wall_s": r.wall_s,
                          "decode_s_per_token": (r.wall_s - r.ttft_s) / max(r.new_tokens - 1, 1),
@@ -142,7 +156,7 @@ def prefill_runs(models: Mapping[str, object], docs: Sequence[Sequence[int]], pr
         x = torch.tensor([list(ids)])
         for arm in rotated(arms, i):
             m = models[arm]
-            cache = DenseKVCache(m.config, 1, x.shape[1], dtype=m.dtype)
+            cache = _cache(arm, m, x.shape[1])
             t0 = time.perf_counter()
             m(x, cache.begin(x.shape[1]), logits="last")
             rows.append({"arm": arm, "doc": i, "tokens": x.shape[1], "seconds": time.perf_counter() - t0})
@@ -172,14 +186,13 @@ def speed_summary(decode: pd.DataFrame, prefill: pd.DataFrame, roofline_tok_s: M
 
 
 def roofline(models: Mapping[str, object], context: int, bandwidth_gbs: float) -> dict[str, float]:
-    """Bandwidth-bound decode tok/s per arm at ``context`` tokens: weight bytes + fp32 KV read."""
-    from studylib.bench.roofline import roofline_tokens_per_s
+    """Bandwidth-bound decode tok/s per arm at ``context`` tokens: weight bytes + the KV cache read."""
     from studylib.models.weights import weight_bytes
 
     out = {}
     for arm, m in models.items():
-        dtype = "bfloat16" if m.dtype == torch.bfloat16 else "float32"
-        out[arm] = roofline_tokens_per_s(m.config, context, dtype, bandwidth_gbs, weight_bytes=weight_bytes(m))
+        step = weight_bytes(m) + (context + 1) * kv_bytes_per_token(arm, m)
+        out[arm] = bandwidth_gbs * 1e9 / step
     return out
 
 
@@ -195,7 +208,7 @@ def quality_runs(models: Mapping[str, object], docs: Sequence[Sequence[int]], pr
         ref = None
         for arm in [BASELINE, *[a for a in models if a != BASELINE]]:
             m = models[arm]
-            logits = m(x, DenseKVCache(m.config, 1, x.shape[1], dtype=m.dtype).begin(x.shape[1])).logits[0, :-1]
+            logits = m(x, _cache(arm, m, x.shape[1]).begin(x.shape[1])).logits[0, :-1]
             logp = F.log_softmax(logits.float(), -1)
             nll = float(-logp.gather(1, y[:, None]).mean())
             if ref is None:
@@ -244,7 +257,7 @@ def task_runs(models: Mapping[str, object], tok, records, new_tokens: int, progr
     for i, rec in progress_bar(list(enumerate(records)), desc="task (xsum)", progress=progress):
         ids = encode(tok, rec, chat=True)
         for arm in rotated(arms, i):
-            r = ar.generate(models[arm], ids, new_tokens, tokenizer=tok)
+            r = ar.generate(models[arm], ids, new_tokens, tokenizer=tok, attention=ATTENTION.get(arm))
             score = rouge_pairs([r.text], [rec.meta["reference"]], types=("rougeL",))[0]["rougeL"]
             rows.append({"arm": arm, "doc": i, "rougeL": score, "text": r.text})
     return pd.DataFrame(rows)
@@ -541,8 +554,8 @@ def peer_frame(out_dir, decode: pd.DataFrame, arm: str = "gguf") -> tuple[pd.Dat
          "ci_low": e_peer.ci_low, "ci_high": e_peer.ci_high}])
     text = (f"On the same GGUF file, prompts and {peer.get('threads')} threads, our `{arm}` engine decodes at "
             f"{ratio.value:.2f}x llama.cpp's tokens/s (CI {ratio.ci_low:.2f}-{ratio.ci_high:.2f}, n={ratio.n} prompts; "
-            f"llama.cpp ran minutes after this chapter, in the same session, from `{path.name}` dated "
-            f"{peer.get('date')}). Greedy outputs agree on {same} of {len(ids)} prompts: llama.cpp rounds the "
+            f"llama.cpp ran separately in its own environment, on this chapter's exported prompts, at "
+            f"{peer.get('date')}, `{path.name}`). Greedy outputs agree on {same} of {len(ids)} prompts: llama.cpp rounds the "
             "activations to 8 bits before its integer dot products, so it computes a slightly different model.")
     return table, text
 
