@@ -214,3 +214,45 @@ def test_apply_weights_rejects_bf16(tiny):
     model, _ = load_model("tiny-random", dtype="bfloat16")
     with pytest.raises(StudylibError, match="fp32"):
         apply_weights(model, "q8_0")
+
+
+def test_dense_fp32_can_take_the_fused_path_and_stays_exact_across_rows(tiny):
+    """Chapter 8's reference: plain fp32 weights through decode_layers.c (format F32) compute the same
+    model as the per-op path, and a tree step equals sequential decodes bit for bit."""
+    model, _ = load_model("tiny-random")
+    prefix = torch.tensor([list(range(5, 25))])
+    n = prefix.shape[1]
+    ref_cache = DenseKVCache(model.config, 1, 64)
+    model(prefix, ref_cache.begin(n))
+    ref = model(torch.tensor([[50]]), ref_cache.begin(1)).logits
+    model.fused_decode = True
+    cache = DenseKVCache(model.config, 1, 64)
+    model(prefix, cache.begin(n))
+    assert decode_layers.path(model, cache, 2) == "fused"
+    both = model(torch.tensor([[50, 60]]), cache.begin(2, tree_mask=torch.eye(2, dtype=torch.bool),
+                                                        positions=torch.tensor([[n, n]]))).logits
+    assert torch.allclose(both[:, 0], ref[:, 0], atol=1e-5)
+    solo = DenseKVCache(model.config, 1, 64)
+    model(prefix, solo.begin(n))
+    assert torch.equal(both[:, 1], model(torch.tensor([[60]]), solo.begin(1)).logits[:, 0])
+
+
+def test_fused_step_rejects_a_step_that_does_not_fit_the_cache(tiny_q):
+    model = tiny_q["q8_0"]
+    cache = DenseKVCache(model.config, 1, 64)
+    model(torch.tensor([[3, 4, 5]]), cache.begin(3))
+    kv = cache.begin(1)
+    x = torch.zeros(2, 1, model.config.hidden_size)  # two rows against a batch-1 cache
+    cos = sin = torch.ones(2, 1, 1, model.config.head_dim)
+    with pytest.raises(StudylibError, match="does not fit"):
+        decode_layers.run(model, x, cos, sin, kv)
+
+
+def test_out_of_range_ids_get_one_line(tiny_q):
+    with pytest.raises(StudylibError, match="out of range"):
+        tiny_q["q4_0"](torch.tensor([[1, 10_000]]), DenseKVCache(tiny_q["q4_0"].config, 1, 8).begin(2))
+
+
+def test_requantising_a_block_model_is_refused(tiny_q):
+    with pytest.raises(StudylibError, match="already"):
+        apply_weights(tiny_q["q4_1"], "q8_0")

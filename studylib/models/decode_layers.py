@@ -24,6 +24,7 @@ from studylib.models.kv import DenseKVCache
 from studylib.models.quant import FORMATS, QuantTensor, lib
 
 MAX_ROWS = 64  # verify blocks and token trees fit; longer steps go to the per-op path (BLAS GEMM)
+F32 = 3  # the kernel's code for plain fp32 weights (csrc/quant_linear.c)
 # A fresh prefill (empty cache) of more rows than this goes to the GEMM path too: it is faster there
 # (measured: 64 rows 1.4x), and no later step recomputes those rows, so row invariance is not at stake.
 PREFILL_GEMM_ROWS = 16
@@ -43,16 +44,34 @@ def enabled() -> bool:
 
 
 def path(model, kv, rows: int) -> str:
-    """``fused`` or ``torch``: which path a step of ``rows`` rows of ``model`` on ``kv`` takes."""
+    """``fused`` or ``torch``: which path a step of ``rows`` rows of ``model`` on ``kv`` takes.
+
+    Block-format models take the fused path by default; a dense fp32 model does when its
+    ``fused_decode`` attribute is set (chapter 8 sets it on its reference, so that the formats are
+    compared on one engine; the study's other chapters keep the per-op path)."""
+    c = model.config
     fresh_prefill = getattr(kv, "_start", 1) == 0 and rows > PREFILL_GEMM_ROWS
-    ok = (model.weights_format != "dense" and type(kv) is DenseKVCache and rows <= MAX_ROWS and not fresh_prefill
-          and kv.device.type == "cpu" and kv.k[0].dtype == torch.float32 and enabled() and lib() is not None)
+    wants = model.weights_format != "dense" or (getattr(model, "fused_decode", False) and model.dtype == torch.float32)
+    ok = (wants and type(kv) is DenseKVCache and rows <= MAX_ROWS and not fresh_prefill
+          and kv.device.type == "cpu" and kv.k[0].dtype == torch.float32
+          and c.num_heads % c.num_kv_heads == 0 and c.head_dim <= 512 and c.head_dim % 2 == 0
+          and enabled() and lib() is not None)
     return "fused" if ok else "torch"
 
 
+def _weight(w) -> tuple[int, int]:
+    """(data pointer, kernel format code) of a block weight or a contiguous fp32 tensor."""
+    if isinstance(w, QuantTensor):
+        return w.data.data_ptr(), FORMATS[w.fmt][0]
+    if w.dtype != torch.float32 or not w.is_contiguous():
+        raise StudylibError("decode_layers takes block-format or contiguous fp32 weights")
+    return w.data_ptr(), F32
+
+
 def _layers(model, kv: DenseKVCache):
-    # The pointer table is rebuilt only when the cache or model changes (it costs ~0.1 ms to build).
-    key = (id(model), id(kv))
+    # The pointer table is rebuilt only when the cache or the model's weights change (~0.1 ms to build).
+    first = model.model.layers[0].self_attn.qkv_weight
+    key = (id(model), id(kv), id(first))
     cached = getattr(kv, "_decode_layers", None)
     if cached is not None and cached[0] == key:
         return cached[1]
@@ -61,19 +80,18 @@ def _layers(model, kv: DenseKVCache):
     for i, layer in enumerate(model.model.layers):
         a, m = layer.self_attn, layer.mlp
         ws = (a.qkv_weight, a.o_proj.weight, m.gate_up_weight, m.down_proj.weight)
-        if not all(isinstance(w, QuantTensor) for w in ws):
-            raise StudylibError("decode_layers needs every linear in a block format")
+        if any(w is None for w in ws):
+            raise StudylibError("decode_layers needs fused q/k/v and gate/up weights (fuse_projections)")
         for j, w in enumerate(ws):
-            table[i].w[j] = w.data.data_ptr()
-            table[i].fmt[j] = FORMATS[w.fmt][0]
+            table[i].w[j], table[i].fmt[j] = _weight(w)
         bias = None if a.qkv_bias is None else a.qkv_bias.float().contiguous()
         norms = [layer.input_layernorm.weight.detach().float().contiguous(),
                  layer.post_attention_layernorm.weight.detach().float().contiguous()]
-        keep += [bias, *norms]
+        keep += [*ws, bias, *norms]
         table[i].qkv_bias = None if bias is None else bias.data_ptr()
         table[i].norm_in, table[i].norm_post = norms[0].data_ptr(), norms[1].data_ptr()
         table[i].k_cache, table[i].v_cache = kv.k[i].data_ptr(), kv.v[i].data_ptr()
-    kv._decode_layers = (key, table, keep)  # keep: the tensors the table points into stay alive
+    kv._decode_layers = (key, table, keep)  # keep: everything the table points into stays alive
     return table
 
 
@@ -81,6 +99,9 @@ def run(model, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: DenseK
     """x (B, T, hidden) after every layer; the cache has had ``kv.begin(T)`` called."""
     c = model.config
     B, T, hid = x.shape
+    if B != kv.batch or T != kv._n or kv.k[0].shape != (B, c.num_kv_heads, kv.max_len, c.head_dim):
+        raise StudylibError(f"decode_layers: a ({B}, {T}) step does not fit a cache of batch {kv.batch} opened "
+                            f"for {kv._n} tokens")
     x = x.float().contiguous().clone()
     cos_t = cos.float().expand(B, 1, T, c.head_dim).reshape(B, T, c.head_dim).contiguous()
     sin_t = sin.float().expand(B, 1, T, c.head_dim).reshape(B, T, c.head_dim).contiguous()

@@ -143,6 +143,7 @@ class LlamaModel(nn.Module):
     """The runtime model. ``forward`` runs new tokens through every layer against a KV view."""
 
     weights_format = "dense"  # or a block format, set by models.weights.apply_weights
+    fused_decode = False  # dense fp32 only: run small steps through decode_layers too (chapter 8's reference)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -199,9 +200,8 @@ class LlamaModel(nn.Module):
         x = self.model.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(kv.positions(), self.inv_freq, self.rope_scale, x.dtype)
         hidden: dict[int, torch.Tensor] = {}
-        if (self.weights_format != "dense" and not skip and want <= {-1}
-                and decode_layers.path(self, kv, x.shape[0] * x.shape[1]) == "fused"):
-            x = decode_layers.run(self, x, cos, sin, kv)  # all layers in one C call (block formats)
+        if not skip and want <= {-1} and decode_layers.path(self, kv, x.shape[0] * x.shape[1]) == "fused":
+            x = decode_layers.run(self, x, cos, sin, kv)  # all layers in one C call (see decode_layers)
         else:
             for i, layer in enumerate(self.model.layers):
                 if i not in skip:

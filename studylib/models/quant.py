@@ -17,6 +17,7 @@ weight bytes, is the bound.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,10 @@ from studylib.errors import StudylibError
 
 BLOCK = 32
 FORMATS = {"q4_0": (0, 18), "q4_1": (1, 20), "q8_0": (2, 34)}  # name -> (kernel code, bytes per block)
-KERNEL_MAX_ROWS = 32  # measured: past this, dequantise + GEMM beats the row-streaming kernel
+# Up to this many rows the row-invariant kernel runs (decode, verify blocks, token trees: the same limit
+# as the fused step, so every step a tree verification can take computes each row alike); past it
+# (prefill) dequantise + GEMM is faster.
+KERNEL_MAX_ROWS = 64
 _CSRC = Path(__file__).parent / "csrc"
 _SRC, _DEPS = _CSRC / "decode_layers.c", (_CSRC / "quant_linear.c",)  # one library: the linear and the layers
 _ISA_FLAGS = {
@@ -38,6 +42,7 @@ _ISA_FLAGS = {
 _NEEDS = {"avx512": {"avx512f", "f16c", "fma"}, "avx2": {"avx2", "f16c", "fma"}}
 _ISA_MODES = ("auto", "avx512", "avx2")
 _libs: dict[str, object] = {}
+_isa_cache: dict[tuple, str] = {}
 
 
 @dataclass(eq=False)
@@ -50,10 +55,12 @@ class QuantTensor:
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
-            raise ValueError(f"unknown block format {self.fmt!r}; one of {sorted(FORMATS)}")
+            raise StudylibError(f"unsupported block format {self.fmt!r} (this engine reads {', '.join(sorted(FORMATS))}); "
+                                "re-quantise the checkpoint to one of them.")
         n, k = self.shape
         if k % BLOCK or self.data.dtype != torch.uint8 or tuple(self.data.shape) != (n, k // BLOCK * self.block_bytes):
-            raise ValueError(f"{self.fmt} data of shape {tuple(self.data.shape)} does not hold a {n}x{k} weight")
+            raise StudylibError(f"{self.fmt} data of shape {tuple(self.data.shape)} does not hold a {n}x{k} weight "
+                                f"(widths must be multiples of {BLOCK})")
         self.data = self.data.contiguous()
 
     @property
@@ -75,6 +82,9 @@ class QuantTensor:
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Dequantised rows ``ids`` (any shape of int64) as fp32, shape ids.shape + (K,): embedding lookup."""
         flat = ids.reshape(-1).to(torch.int64).contiguous()
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.shape[0]):
+            raise StudylibError(f"token id out of range for a vocabulary of {self.shape[0]} (got "
+                                f"{int(flat.min())}..{int(flat.max())}); the prompt ids do not belong to this model.")
         out = torch.empty(flat.numel(), self.shape[1], dtype=torch.float32)
         lib = _lib()
         if lib is None:
@@ -146,15 +156,16 @@ def quantize(w: torch.Tensor, fmt: str) -> QuantTensor:
     return QuantTensor(data, fmt, (n, k))
 
 
-def _cpu_flags() -> set[str]:
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> frozenset[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, sep, value = line.partition(":")
             if sep and key.strip() == "flags":
-                return set(value.split())
+                return frozenset(value.split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 def isa_mode() -> str:
@@ -165,7 +176,15 @@ def isa_mode() -> str:
 
 
 def isa() -> str:
-    """The kernel build this process uses: ``avx512``, ``avx2`` or ``torch`` (no kernel: the reference)."""
+    """The kernel build this process uses: ``avx512``, ``avx2`` or ``torch`` (no kernel: the reference).
+    Memoised per setting: it is asked on every block-format linear call."""
+    key = (os.environ.get("STUDYLIB_QUANT_ISA"), _cpu_flags)
+    if key not in _isa_cache:
+        _isa_cache[key] = _choose_isa()
+    return _isa_cache[key]
+
+
+def _choose_isa() -> str:
     m = isa_mode()
     flags = _cpu_flags()
     if m == "auto":

@@ -67,6 +67,8 @@ def apply_weights(model, fmt: str, *, calibration: torch.Tensor | None = None):
     check_weights(fmt, model.config.name, model.device)
     if fmt == "dense":
         return model
+    if model.weights_format != "dense":
+        raise StudylibError(f"the model's weights are {model.weights_format} already; load it dense to re-quantise.")
     if model.dtype != torch.float32:
         raise StudylibError(f"--weights {fmt} computes in fp32; load with --dtype float32.")
     if fmt == "gguf":
@@ -127,6 +129,8 @@ def _gguf_tensors(cfg) -> dict[str, QuantTensor]:
     raw = {t.name: t for t in reader.tensors}
 
     def block(name: str) -> QuantTensor:
+        if name not in raw:
+            raise StudylibError(f"the GGUF file has no tensor {name!r}; it is not the embedded SmolLM2 layout.")
         t = raw[name]
         fmt = t.tensor_type.name.lower()
         data = torch.from_numpy(np.array(t.data))  # a copy: the memory map closes with the reader

@@ -67,6 +67,11 @@ def run(args: argparse.Namespace) -> int:
         raise StudylibError(f"--num-requests must be >= 1, got {args.num_requests}.")
     if args.max_new_tokens < 1:
         raise StudylibError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
+    if args.batch_invariant and args.weights != "dense":
+        # The invariant mode swaps the dense linears and attention for batch-invariant ones; block
+        # weights and the fused decode step have their own arithmetic, not covered by that guarantee.
+        raise StudylibError(f"--batch-invariant covers --weights dense only; drop one of --batch-invariant and "
+                            f"--weights {args.weights}.")
     slo = {k: v for k, v in (("ttft_s", args.slo_ttft), ("tpot_s", args.slo_tpot), ("e2el_s", args.slo_e2el))
            if v is not None}
     config = EngineConfig(

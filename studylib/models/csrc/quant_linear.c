@@ -30,9 +30,11 @@
 #include <string.h>
 
 #define QK 32
-enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
+enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, F32 = 3 };
+/* F32 ("blocks" of 32 plain floats, d = 1): the uncompressed weights through the very same code, so the
+ * fused decode step can run the fp32 reference too and chapter 8 compares formats, not engines. */
 
-static inline int block_bytes(int fmt) { return fmt == Q4_0 ? 18 : fmt == Q4_1 ? 20 : 34; }
+static inline int block_bytes(int fmt) { return fmt == Q4_0 ? 18 : fmt == Q4_1 ? 20 : fmt == Q8_0 ? 34 : 128; }
 
 static inline float fp16(const uint8_t *p) {
     uint16_t h;
@@ -58,7 +60,10 @@ static inline float vsum(__m512 v) {
 }
 /* The 32 weights of one block as two 16-lane fp32 vectors (integers: d and m are applied later). */
 static inline __attribute__((always_inline)) void expand(int fmt, const uint8_t *qs, vf q[2]) {
-    if (fmt == Q8_0) {
+    if (fmt == F32) {
+        q[0] = _mm512_loadu_ps((const float *)qs);
+        q[1] = _mm512_loadu_ps((const float *)qs + 16);
+    } else if (fmt == Q8_0) {
         q[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)qs)));
         q[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qs + 16))));
     } else {
@@ -87,7 +92,9 @@ static inline float vsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 static inline __attribute__((always_inline)) void expand(int fmt, const uint8_t *qs, vf q[4]) {
-    if (fmt == Q8_0) {
+    if (fmt == F32) {
+        for (int i = 0; i < 4; i++) q[i] = _mm256_loadu_ps((const float *)qs + 8 * i);
+    } else if (fmt == Q8_0) {
         for (int i = 0; i < 4; i++)
             q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * i))));
     } else {
@@ -115,7 +122,7 @@ static inline __attribute__((always_inline)) void expand(int fmt, const uint8_t 
 static inline __attribute__((always_inline)) void tile(
         int fmt, const float *x, ptrdiff_t ldx, const float *xsum, int nb, const uint8_t *w,
         size_t row_bytes, int NW, int R, float out[MAX_NW][MAX_R]) {
-    const int bb = block_bytes(fmt), qoff = fmt == Q4_1 ? 4 : 2;
+    const int bb = block_bytes(fmt), qoff = fmt == Q4_1 ? 4 : fmt == F32 ? 0 : 2;
     vf acc[MAX_NW][MAX_R];
     float macc[MAX_NW][MAX_R];
     for (int j = 0; j < NW; j++)
@@ -128,10 +135,10 @@ static inline __attribute__((always_inline)) void tile(
             const uint8_t *blk = w + j * row_bytes + (size_t)b * bb;
             /* The next tiles' rows (contiguous after these): software prefetch keeps DRAM busy while
              * this block computes (measured: without it, a cold matrix ran at half its warm speed). */
-            _mm_prefetch((const char *)(blk + PF_AHEAD * row_bytes), _MM_HINT_T0);
+            _mm_prefetch((const char *)(blk + PF_AHEAD * row_bytes), _MM_HINT_T0); /* never faults */
             vf q[NV];
             expand(fmt, blk + qoff, q);
-            vf d = VSET1(fp16(blk));
+            vf d = VSET1(fmt == F32 ? 1.0f : fp16(blk)); /* fma(s, 1, acc) is exactly s + acc */
             for (int r = 0; r < R; r++) {
                 vf s = VMUL(q[0], xv[r][0]);
                 for (int i = 1; i < NV; i++) s = VFMA(q[i], xv[r][i], s);
@@ -157,6 +164,7 @@ static void tile_any(int fmt, const float *x, ptrdiff_t ldx, const float *xs, in
         CASES(Q4_0)
         CASES(Q4_1)
         CASES(Q8_0)
+        CASES(F32)
         default: break;
     }
 }
@@ -165,7 +173,7 @@ static void tile_any(int fmt, const float *x, ptrdiff_t ldx, const float *xs, in
  * y: (M, N) fp32. Returns 0, or -1 if K is not a multiple of 32 or memory ran out. */
 int quant_linear(int fmt, const float *x, ptrdiff_t ldx, const uint8_t *w, const float *bias, float *y,
                  int M, int K, int N, int nthreads) {
-    if (K % QK || fmt < Q4_0 || fmt > Q8_0) return -1;
+    if (K % QK || fmt < Q4_0 || fmt > F32) return -1;
     const int nb = K / QK;
     const size_t rb = (size_t)nb * block_bytes(fmt);
     float *xsum = NULL;
@@ -209,7 +217,7 @@ int quant_linear(int fmt, const float *x, ptrdiff_t ldx, const uint8_t *w, const
 /* out[i, :] = dequantised row ids[i] of w (N rows, K columns), fp32: the embedding lookup and the
  * prefill path (which hands a dequantised matrix to the BLAS GEMM). ids == NULL means rows 0..n-1. */
 int quant_dequant_rows(int fmt, const uint8_t *w, int K, const int64_t *ids, int n, float *out, int nthreads) {
-    if (K % QK || fmt < Q4_0 || fmt > Q8_0) return -1;
+    if (K % QK || fmt < Q4_0 || fmt > F32) return -1;
     const int nb = K / QK, bb = block_bytes(fmt);
     const size_t rb = (size_t)nb * bb;
     _Pragma("omp parallel for num_threads(nthreads) schedule(static) if (n > 64)")
@@ -218,6 +226,10 @@ int quant_dequant_rows(int fmt, const uint8_t *w, int K, const int64_t *ids, int
         float *o = out + (size_t)i * K;
         for (int b = 0; b < nb; b++) {
             const uint8_t *blk = row + (size_t)b * bb;
+            if (fmt == F32) {
+                memcpy(o + b * QK, blk, sizeof(float) * QK);
+                continue;
+            }
             float d = fp16(blk);
             if (fmt == Q8_0) {
                 for (int k = 0; k < QK; k++) o[b * QK + k] = d * (float)(int8_t)blk[2 + k];
