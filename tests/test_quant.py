@@ -256,3 +256,20 @@ def test_out_of_range_ids_get_one_line(tiny_q):
 def test_requantising_a_block_model_is_refused(tiny_q):
     with pytest.raises(StudylibError, match="already"):
         apply_weights(tiny_q["q4_1"], "q8_0")
+
+
+def test_bf16_prefill_option_changes_only_long_steps(tiny_q):
+    with pytest.raises(StudylibError, match="bf16prefill"):
+        check_weights("dense+bf16prefill")
+    with pytest.raises(StudylibError, match="unknown --weights"):
+        check_weights("q4_1+fast")
+    fast, _ = load_model("tiny-random", weights="q4_1+bf16prefill")
+    exact = tiny_q["q4_1"]
+    assert fast.weights_format == "q4_1+bf16prefill"
+    long = torch.tensor([[(7 * i) % 250 + 3 for i in range(80)]])  # > KERNEL_MAX_ROWS: the GEMM path
+    a = exact(long, DenseKVCache(exact.config, 1, 96).begin(80)).logits
+    b = fast(long, DenseKVCache(fast.config, 1, 96).begin(80)).logits
+    assert not torch.equal(a, b) and ((a - b).abs().max() / a.abs().max()) < 0.05
+    short = long[:, :10]  # within the kernel's rows: the same fp32 arithmetic
+    assert torch.equal(exact(short, DenseKVCache(exact.config, 1, 16).begin(10)).logits,
+                       fast(short, DenseKVCache(fast.config, 1, 16).begin(10)).logits)

@@ -137,7 +137,7 @@ def weight_error(ref, model) -> float | None:
     scaled per channel (the inverse scales sit in the norms), so they are not comparable one by one."""
     from studylib.models.quant import QuantTensor
 
-    if model.weights_format == "awq4":
+    if model.weights_format.startswith("awq4"):
         return None
     num = den = 0.0
     for w, r in zip(_linears(model), _linears(ref), strict=True):

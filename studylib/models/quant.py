@@ -52,6 +52,7 @@ class QuantTensor:
     data: torch.Tensor
     fmt: str
     shape: tuple[int, int]
+    prefill_dtype: torch.dtype = torch.float32  # bf16: long steps multiply in bf16 (``+bf16prefill``)
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -249,6 +250,11 @@ def linear(x: torch.Tensor, w: QuantTensor, bias: torch.Tensor | None = None) ->
     rows = x.numel() // max(x.shape[-1], 1)
     if rows <= KERNEL_MAX_ROWS and x.device.type == "cpu" and _lib() is not None:
         y = kernel_linear(x, w, bias)
+    elif w.prefill_dtype is torch.bfloat16:
+        # bf16 activations and weights in the BLAS GEMM (AMX / AVX512_BF16), fp32 accumulation and output.
+        y = F.linear(x.to(torch.bfloat16), w.dequantize().to(torch.bfloat16)).float()
+        if bias is not None:
+            y = y + bias.float()
     else:
         y = F.linear(x.float(), w.dequantize(), None if bias is None else bias.float())
     return y if x.dtype is torch.float32 else y.to(x.dtype)

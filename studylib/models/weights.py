@@ -6,7 +6,11 @@
   converter dequantises the same file), so ``gguf`` is the same model reading 5.6x fewer bytes;
 - ``q8_0``, ``q4_0``, ``q4_1``: re-quantised from the dense weights by round-to-nearest (lossy in
   general; the embedded model's weights are Q4_1 values already, so ``q4_1`` reproduces its blocks);
-- ``awq4``: Q4_0 with activation-aware per-channel scales (AWQ-style, see ``awq.py``), lossy.
+- ``awq4``: Q4_0 with activation-aware per-channel scales (AWQ-style, see ``awq.py``), lossy;
+- ``FORMAT+bf16prefill`` (any block format): the same weights, but steps longer than the kernel's
+  row limit (prefill) widen them to bf16 and multiply bf16 activations in the BLAS GEMM (AMX or
+  AVX512_BF16 where the CPU has them). Opt-in because it is no longer the fp32 model for those steps:
+  decode stays exact, the prompt's KV carries bf16 rounding.
 
 Activations, norms, RoPE and the KV cache stay fp32 in every format; only linear weights and the
 embedding change form.
@@ -22,6 +26,7 @@ from studylib.errors import StudylibError
 from studylib.models.quant import QuantTensor, quantize
 
 WEIGHT_FORMATS = ("dense", "gguf", "q8_0", "q4_0", "q4_1", "awq4")
+OPTIONS = ("bf16prefill",)  # FORMAT+OPTION
 _GGUF_MODELS = ("smollm2-135m",)
 
 
@@ -52,8 +57,11 @@ def check_weights(fmt: str, model_name: str | None = None, device: str | torch.d
     """Validate a ``--weights`` value (and its model/device) without loading anything; returns it."""
     from studylib.models import ALIASES
 
-    if fmt not in WEIGHT_FORMATS:
-        raise StudylibError(f"unknown --weights {fmt!r}; use one of {', '.join(WEIGHT_FORMATS)}.")
+    base, plus, option = fmt.partition("+")
+    if base not in WEIGHT_FORMATS or (plus and (option not in OPTIONS or base == "dense")):
+        raise StudylibError(f"unknown --weights {fmt!r}; use one of {', '.join(WEIGHT_FORMATS)}, or a block format "
+                            f"with +{' / +'.join(OPTIONS)} (e.g. gguf+bf16prefill).")
+    fmt = base
     if fmt != "dense" and torch.device(device).type != "cpu":
         raise StudylibError(f"--weights {fmt} runs on CPU only (block kernels); use --weights dense on {device}.")
     if fmt == "gguf" and model_name is not None and ALIASES.get(model_name, model_name) not in _GGUF_MODELS:
@@ -65,6 +73,8 @@ def check_weights(fmt: str, model_name: str | None = None, device: str | torch.d
 def apply_weights(model, fmt: str, *, calibration: torch.Tensor | None = None):
     """Put ``model``'s linears and embedding in ``fmt`` (in place; returns the model)."""
     check_weights(fmt, model.config.name, model.device)
+    name = fmt
+    fmt, _, option = fmt.partition("+")
     if fmt == "dense":
         return model
     if model.weights_format != "dense":
@@ -75,8 +85,11 @@ def apply_weights(model, fmt: str, *, calibration: torch.Tensor | None = None):
         tensors = _gguf_tensors(model.config)
     else:
         tensors = _requantised(model, fmt, calibration)
+    if option == "bf16prefill":
+        for qt in tensors.values():
+            qt.prefill_dtype = torch.bfloat16
     _install(model, tensors)
-    model.weights_format = fmt
+    model.weights_format = name
     return model
 
 
