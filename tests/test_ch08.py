@@ -86,3 +86,10 @@ def test_peer_round_trip(tmp_path):
     (tmp_path / "peers" / ch08.PEER_FILE).write_text(json.dumps(peer))
     table, text = ch08.peer_frame(tmp_path, dec)
     assert table is not None and "2.00x llama.cpp" in text and "9 of 10" in text
+
+
+def test_exact_arms_are_those_with_the_reference_weights_and_arithmetic():
+    fp = pd.DataFrame([{"arm": a, "weight_rel_error": e} for a, e in
+                       [("dense", 0.0), ("dense_perop", 0.0), ("gguf", 0.0), ("gguf+bf16prefill", 0.0),
+                        ("q8_0", 0.005), ("kv_int8", 0.0), ("awq4", None)]])
+    assert ch08.exact_arms(fp) == ["gguf"]

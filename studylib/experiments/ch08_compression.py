@@ -458,10 +458,11 @@ def plot_step_cost(summary: pd.DataFrame, ax=None):
 
 
 def exact_arms(fp: pd.DataFrame) -> list[str]:
-    """Arms that hold exactly the reference's weights (relative weight error 0) and its KV cache: the
-    same model, whose quality part is identical greedy output rather than a task score."""
+    """Arms that hold exactly the reference's weights (relative weight error 0), its KV cache and its
+    arithmetic (no ``+option`` such as bf16 prefill): the same model, whose quality part is identical
+    greedy output rather than a task score."""
     return [r.arm for r in fp.itertuples() if r.arm not in (BASELINE, *SPEED_ONLY, *ATTENTION)
-            and r.weight_rel_error == 0.0]
+            and "+" not in r.arm and r.weight_rel_error == 0.0]
 
 
 def identities_for(fp: pd.DataFrame, decode: pd.DataFrame, checked: Mapping[str, dict | None]) -> dict:
