@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import importlib
 import os
 import platform
 import subprocess
@@ -55,17 +56,9 @@ def constraints_sha256(path: str | Path | None = None) -> str | None:
 def cpu_isa(cpuinfo: str | None = None) -> dict:
     """The ISA extensions among ``ISA_FLAGS`` this CPU has, and a one-word label of the best of them
     (amx_bf16 > avx512_bf16 > avx512 > avx2 > baseline). ``cpuinfo``: /proc/cpuinfo's text (for tests)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-    have: set[str] = set()
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() == "flags":
-            have = set(value.split())
-            break
+    from studylib.cpuinfo import cpu_flags, parse_flags
+
+    have = cpu_flags() if cpuinfo is None else parse_flags(cpuinfo)
     flags = [f for f in ISA_FLAGS if f in have]
     if {"amx_bf16", "amx_tile"} <= have:
         label = "amx_bf16"
@@ -90,33 +83,12 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cpu_linear_backend() -> str:
-    """Which kernel ran fp32 decode linears on CPU ("stream" or "torch"): it moves CPU speed ~1.5x."""
+def _backend(module: str, name: str) -> str:
+    """``module.name()``, the kernel a code path runs right now, or "unknown (why)": provenance must never
+    fail a report."""
     try:
-        from studylib.models.cpu_linear import backend
-
-        return backend()
-    except Exception as err:  # provenance must never fail a report
-        return f"unknown ({err})"
-
-
-def _quest_kernel() -> str:
-    """Which kernel runs Quest's CPU decode steps ("c" or "torch"): it moves chapter 6's Quest timings."""
-    try:
-        from studylib.attention.quest import kernel_backend
-
-        return kernel_backend()
-    except Exception as err:  # provenance must never fail a report
-        return f"unknown ({err})"
-
-
-def _quant_kernel() -> str:
-    """Which build of the block-format kernel runs ``--weights gguf|q8_0|...`` (avx512, avx2 or torch)."""
-    try:
-        from studylib.models.quant import isa
-
-        return isa()
-    except Exception as err:  # provenance must never fail a report
+        return getattr(importlib.import_module(module), name)()
+    except Exception as err:
         return f"unknown ({err})"
 
 
@@ -144,8 +116,10 @@ def provenance(**params: object) -> dict:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "gpu": gpu,
-        "cpu_linear": _cpu_linear_backend(),
-        "quest_kernel": _quest_kernel(),
-        "quant_kernel": _quant_kernel(),
+        # Which kernels ran: each moves CPU timings (stream vs MKL linears ~1.5x; Quest's C kernel in
+        # chapter 6; the block-format build, avx512 / avx2 / torch, for --weights other than dense).
+        "cpu_linear": _backend("studylib.models.cpu_linear", "backend"),
+        "quest_kernel": _backend("studylib.attention.quest", "kernel_backend"),
+        "quant_kernel": _backend("studylib.models.quant", "isa"),
         "params": params,
     }

@@ -138,7 +138,6 @@ def bench_table(benches: dict) -> pd.DataFrame:
     def ci(e: dict) -> str:
         return f"{e['value']:.1f} [{e['ci_low']:.1f}, {e['ci_high']:.1f}]"
 
-    benches = _by_weights(benches)
     rows = []
     for weights, bench in benches.items():
         sp, fr = bench["speedup_vs_hf"], bench["fraction_of_roofline"]
@@ -151,14 +150,9 @@ def bench_table(benches: dict) -> pd.DataFrame:
                                        "roofline tokens/s"]).style.hide(axis="index")
 
 
-def _by_weights(benches: dict) -> dict:
-    # One bench result (older reports) or a mapping weights format -> result.
-    return {"dense": benches} if "studylib_tok_s" in benches else benches
-
-
 def explain_bench(benches: dict) -> str:
     parts = []
-    for weights, bench in _by_weights(benches).items():
+    for weights, bench in benches.items():
         sp = bench["speedup_vs_hf"]
         same = bench["identical_to_hf"]
         rel = "faster than" if sp["ci_low"] > 1 else ("slower than" if sp["ci_high"] < 1 else "level with")

@@ -122,25 +122,18 @@ def kv_bytes_per_token(arm: str, model) -> int:
     return _cache(arm, model, 1).nbytes
 
 
-def _linears(model) -> list:
-    out = []
-    for layer in model.model.layers:
-        a, m = layer.self_attn, layer.mlp
-        out += [a.qkv_weight, a.o_proj.weight, m.gate_up_weight, m.down_proj.weight]
-    return out + [model.lm_head.weight]
-
-
 @torch.inference_mode()
 def weight_error(ref, model) -> float | None:
     """||W - W_ref|| / ||W_ref|| over every linear (as the arm computes with them, widened to fp32);
     0.0 means the arm holds exactly the reference's weights. None for ``awq4``, whose weights are
     scaled per channel (the inverse scales sit in the norms), so they are not comparable one by one."""
     from studylib.models.quant import QuantTensor
+    from studylib.models.weights import linear_weights
 
     if model.weights_format.startswith("awq4"):
         return None
     num = den = 0.0
-    for w, r in zip(_linears(model), _linears(ref), strict=True):
+    for w, r in zip(linear_weights(model), linear_weights(ref), strict=True):
         w = w.dequantize() if isinstance(w, QuantTensor) else w.float()
         num += float((w - r.float()).pow(2).sum())
         den += float(r.float().pow(2).sum())

@@ -38,11 +38,9 @@ class Int8KVCache(DenseKVCache):
         scale = shape[:-1] + (1,)
         self.k_scale = [torch.zeros(scale, device=device) for _ in range(cfg.num_layers)]
         self.v_scale = [torch.zeros(scale, device=device) for _ in range(cfg.num_layers)]
-        self.compute_dtype = dtype
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v + self.k_scale + self.v_scale)
+    def _slot_stores(self):
+        return self.k, self.v, self.k_scale, self.v_scale  # nbytes and keep cover the scales too
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         s, n = self._start, self._n
@@ -54,11 +52,3 @@ class Int8KVCache(DenseKVCache):
         vals = (self.v[layer][:, :, : s + n].float() * self.v_scale[layer][:, :, : s + n]).to(q.dtype)
         return F.scaled_dot_product_attention(q, keys, vals, attn_mask=self._mask, is_causal=self._causal,
                                               enable_gqa=True)
-
-    def keep(self, start: int, slots) -> None:
-        idx = torch.as_tensor(slots, dtype=torch.long, device=self.device)
-        m = int(idx.numel())
-        for store in (self.k, self.v, self.k_scale, self.v_scale):
-            for layer in range(len(store)):
-                store[layer][:, :, start : start + m] = store[layer].index_select(2, idx)
-        self.truncate(start + m)

@@ -189,9 +189,7 @@ def awq_quantise(model, calibration: torch.Tensor | None) -> dict[str, QuantTens
     ``weights._requantised`` keys them. Folds the scales into the model's norms in place (see the
     module docstring); ``calibration``: (batch, seq) token ids of real text, or None for seeded
     random ids."""
+    from studylib.models.weights import embedding_and_head
+
     weights, _ = awq_fold(model, calibration)
-    out = {name: quantize(w, FMT) for name, w in weights.items()}
-    out["embed"] = quantize(model.model.embed_tokens.weight, "q8_0")
-    if model.lm_head.weight is not model.model.embed_tokens.weight:
-        out["head"] = quantize(model.lm_head.weight, "q8_0")
-    return out
+    return {**{name: quantize(w, FMT) for name, w in weights.items()}, **embedding_and_head(model)}

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from studylib.cpuinfo import cpu_flags
 from studylib.errors import StudylibError
 from studylib.models.quant import QuantTensor
 from studylib.models.quant import linear as quant_linear
@@ -53,12 +54,7 @@ def mode() -> str:
 
 
 def _cpu_has_avx2_fma() -> bool:
-    try:
-        flags = next(
-            (line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    except OSError:
-        return False
-    return " avx2" in flags and " fma" in flags
+    return {"avx2", "fma"} <= cpu_flags()
 
 
 def _build() -> Path:

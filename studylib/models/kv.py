@@ -46,7 +46,12 @@ class DenseKVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        return sum(t.numel() * t.element_size() for store in self._slot_stores() for t in store)
+
+    def _slot_stores(self) -> tuple[list[torch.Tensor], ...]:
+        """Per-layer tensors indexed by slot on dim 2 (what ``keep`` moves); subclasses that store more
+        per slot (``kvcache.int8``'s scales) add theirs."""
+        return self.k, self.v
 
     def begin(
         self,
@@ -144,7 +149,7 @@ class DenseKVCache:
         """
         idx = torch.as_tensor(slots, dtype=torch.long, device=self.device)
         m = int(idx.numel())
-        for layer in range(len(self.k)):
-            self.k[layer][:, :, start : start + m] = self.k[layer].index_select(2, idx)
-            self.v[layer][:, :, start : start + m] = self.v[layer].index_select(2, idx)
+        for store in self._slot_stores():
+            for t in store:
+                t[:, :, start : start + m] = t.index_select(2, idx)
         self.truncate(start + m)

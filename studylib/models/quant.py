@@ -17,7 +17,6 @@ weight bytes, is the bound.
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from studylib.cpuinfo import cpu_flags
 from studylib.errors import StudylibError
 
 BLOCK = 32
@@ -86,23 +86,24 @@ class QuantTensor:
         if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.shape[0]):
             raise StudylibError(f"token id out of range for a vocabulary of {self.shape[0]} (got "
                                 f"{int(flat.min())}..{int(flat.max())}); the prompt ids do not belong to this model.")
-        out = torch.empty(flat.numel(), self.shape[1], dtype=torch.float32)
-        lib = _lib()
-        if lib is None:
+        kernels = lib()
+        if kernels is None:
             out = dequantize_ref(QuantTensor(self.data[flat], self.fmt, (flat.numel(), self.shape[1])))
-        elif flat.numel():
-            lib.quant_dequant_rows(FORMATS[self.fmt][0], self.data.data_ptr(), self.shape[1], flat.data_ptr(),
-                                   flat.numel(), out.data_ptr(), torch.get_num_threads())
+        else:
+            out = torch.empty(flat.numel(), self.shape[1], dtype=torch.float32)
+            if flat.numel():
+                kernels.quant_dequant_rows(FORMATS[self.fmt][0], self.data.data_ptr(), self.shape[1],
+                                           flat.data_ptr(), flat.numel(), out.data_ptr(), torch.get_num_threads())
         return out.view(*ids.shape, self.shape[1])
 
     def dequantize(self) -> torch.Tensor:
         """The whole (N, K) weight as fp32 (the kernel's, or the reference's where there is no kernel)."""
-        lib = _lib()
-        if lib is None:
+        kernels = lib()
+        if kernels is None:
             return dequantize_ref(self)
         out = torch.empty(self.shape, dtype=torch.float32)
-        lib.quant_dequant_rows(FORMATS[self.fmt][0], self.data.data_ptr(), self.shape[1], None, self.shape[0],
-                               out.data_ptr(), torch.get_num_threads())
+        kernels.quant_dequant_rows(FORMATS[self.fmt][0], self.data.data_ptr(), self.shape[1], None, self.shape[0],
+                                   out.data_ptr(), torch.get_num_threads())
         return out
 
 
@@ -157,16 +158,8 @@ def quantize(w: torch.Tensor, fmt: str) -> QuantTensor:
     return QuantTensor(data, fmt, (n, k))
 
 
-@functools.lru_cache(maxsize=1)
 def _cpu_flags() -> frozenset[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, sep, value = line.partition(":")
-            if sep and key.strip() == "flags":
-                return frozenset(value.split())
-    except OSError:
-        pass
-    return frozenset()
+    return cpu_flags()  # a seam: tests stand in other CPUs here
 
 
 def isa_mode() -> str:
@@ -198,10 +191,6 @@ def _choose_isa() -> str:
 
 def lib():
     """The loaded kernel library for this CPU, or None where only the reference runs."""
-    return _lib()
-
-
-def _lib():
     name = isa()
     if name == "torch":
         return None
@@ -209,24 +198,24 @@ def _lib():
         from studylib.models.cpu_linear import compile_kernel
 
         flags = ["-O3", *_ISA_FLAGS[name], "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
-        lib = ctypes.CDLL(str(compile_kernel(_SRC, flags, _DEPS)))
-        lib.quant_linear.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p,
+        so = ctypes.CDLL(str(compile_kernel(_SRC, flags, _DEPS)))
+        so.quant_linear.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p,
                                      ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                      ctypes.c_int]
-        lib.quant_dequant_rows.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+        so.quant_dequant_rows.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                            ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
-        lib.quant_linear.restype = lib.quant_dequant_rows.restype = lib.decode_layers.restype = ctypes.c_int
-        lib.decode_layers.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_int] * 7,
+        so.quant_linear.restype = so.quant_dequant_rows.restype = so.decode_layers.restype = ctypes.c_int
+        so.decode_layers.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_int] * 7,
                                       ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                       ctypes.c_void_p, ctypes.c_int]
-        _libs[name] = lib
+        _libs[name] = so
     return _libs[name]
 
 
 def kernel_linear(x: torch.Tensor, w: QuantTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The C kernel for any row count: (..., K) fp32 x (N, K) blocks -> (..., N) fp32."""
-    lib = _lib()
-    if lib is None:
+    kernels = lib()
+    if kernels is None:
         raise StudylibError("no block-format kernel on this CPU (it needs AVX2/FMA/F16C)")
     n, k = w.shape
     x32 = x if x.dtype is torch.float32 else x.float()
@@ -236,7 +225,7 @@ def kernel_linear(x: torch.Tensor, w: QuantTensor, bias: torch.Tensor | None = N
         bias = bias.float().contiguous()
     y = torch.empty(x.shape[:-1] + (n,), dtype=torch.float32)
     m = y.numel() // n if n else 0
-    if m and lib.quant_linear(FORMATS[w.fmt][0], x32.data_ptr(), k, w.data.data_ptr(),
+    if m and kernels.quant_linear(FORMATS[w.fmt][0], x32.data_ptr(), k, w.data.data_ptr(),
                               None if bias is None else bias.data_ptr(), y.data_ptr(), m, k, n,
                               torch.get_num_threads()):
         raise StudylibError(f"quant_linear failed for {w.fmt} {w.shape}")
@@ -248,7 +237,7 @@ def linear(x: torch.Tensor, w: QuantTensor, bias: torch.Tensor | None = None) ->
     if x.shape[-1] != w.shape[1]:
         raise ValueError(f"linear: x has width {x.shape[-1]}, the {w.fmt} weight {w.shape[1]}")
     rows = x.numel() // max(x.shape[-1], 1)
-    if rows <= KERNEL_MAX_ROWS and x.device.type == "cpu" and _lib() is not None:
+    if rows <= KERNEL_MAX_ROWS and x.device.type == "cpu" and lib() is not None:
         y = kernel_linear(x, w, bias)
     elif w.prefill_dtype is torch.bfloat16:
         # bf16 activations and weights in the BLAS GEMM (AMX / AVX512_BF16), fp32 accumulation and output.

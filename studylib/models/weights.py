@@ -120,9 +120,13 @@ def _requantised(model, fmt: str, calibration: torch.Tensor | None) -> dict[str,
         out[f"{i}.o"] = quantize(attn.o_proj.weight, fmt)
         out[f"{i}.gate_up"] = quantize(mlp.gate_up_weight, fmt)
         out[f"{i}.down"] = quantize(mlp.down_proj.weight, fmt)
-    # The embedding and head stay 8-bit in every format, as in the GGUF file (4-bit heads cost quality
-    # for few bytes: llama.cpp's Q4 mixes keep them at Q6_K/Q8_0 too).
-    out["embed"] = quantize(model.model.embed_tokens.weight, "q8_0")
+    return {**out, **embedding_and_head(model)}
+
+
+def embedding_and_head(model) -> dict[str, QuantTensor]:
+    """The embedding (and an untied head) as Q8_0, in every re-quantised format as in the GGUF file
+    (4-bit heads cost quality for few bytes: llama.cpp's Q4 mixes keep them at Q6_K/Q8_0 too)."""
+    out = {"embed": quantize(model.model.embed_tokens.weight, "q8_0")}
     if model.lm_head.weight is not model.model.embed_tokens.weight:
         out["head"] = quantize(model.lm_head.weight, "q8_0")
     return out
@@ -174,18 +178,21 @@ def _gguf_tensors(cfg) -> dict[str, QuantTensor]:
     return out
 
 
+def linear_weights(model) -> list:
+    """Every weight a decode step multiplies by, in layer order, fused where the model fused them
+    (q/k/v and gate/up), ending with the head: dense tensors or ``QuantTensor`` blocks."""
+    out = []
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        out += [a.qkv_weight] if a.qkv_weight is not None else [p.weight for p in (a.q_proj, a.k_proj, a.v_proj)]
+        out += [a.o_proj.weight]
+        out += [m.gate_up_weight] if m.gate_up_weight is not None else [p.weight for p in (m.gate_proj, m.up_proj)]
+        out += [m.down_proj.weight]
+    return out + [model.lm_head.weight]
+
+
 def weight_bytes(model) -> int:
     """Bytes of weights one decode step reads: every linear incl. the head (not the embedding, of
     which a step reads one row)."""
-    def size(w) -> int:
-        return w.nbytes if isinstance(w, QuantTensor) else w.numel() * w.element_size()
-
-    total = 0
-    for layer in model.model.layers:
-        a, m = layer.self_attn, layer.mlp
-        total += size(a.qkv_weight) if a.qkv_weight is not None else sum(
-            size(p.weight) for p in (a.q_proj, a.k_proj, a.v_proj))
-        total += size(m.gate_up_weight) if m.gate_up_weight is not None else sum(
-            size(p.weight) for p in (m.gate_proj, m.up_proj))
-        total += size(a.o_proj.weight) + size(m.down_proj.weight)
-    return total + size(model.lm_head.weight)
+    return sum(w.nbytes if isinstance(w, QuantTensor) else w.numel() * w.element_size()
+               for w in linear_weights(model))
