@@ -9,7 +9,7 @@ import sys
 # Which generic flags each method takes, under the keyword its decoder expects.
 METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
     "ar": ("attention",),
-    "speculative": ("draft", "gamma"),
+    "speculative": ("draft", "gamma", "tree"),
     "prompt-lookup": ("gamma", "ngram"),
     "jacobi": ("block", "max_iters", "init"),
     "lookahead": ("window", "ngram", "guesses"),
@@ -34,7 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat", action="store_true", help="apply the model's chat template to --prompt text")
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     g = p.add_argument_group("method options")
-    g.add_argument("--draft", help="speculative: draft model name/path, 'distilled', or self:LAYERS")
+    g.add_argument("--draft", help="speculative: draft model name/path, 'distilled', self:LAYERS, or 'eagle' "
+                   "(the head `studylib train-draft --kind eagle` made; 'eagle:full' keeps the whole LM head)")
+    g.add_argument("--tree", default=None, help="speculative with --draft eagle: token tree DEPTH,TOPK,NODES "
+                   "(e.g. 5,4,16; default: the head's own)")
     g.add_argument("--gamma", default=None, help="speculative/prompt-lookup: draft length, or 'adaptive'")
     g.add_argument("--ngram", type=int, default=None, help="prompt-lookup: max match n-gram; lookahead: N")
     g.add_argument("--block", type=int, default=None, help="jacobi: block size")
@@ -51,7 +54,7 @@ def _options(args: argparse.Namespace) -> dict:
     allowed = METHOD_OPTIONS.get(args.method)
     if allowed is None:
         raise StudylibError(f"unknown method {args.method!r}; choose one of {sorted(METHOD_OPTIONS)}.")
-    given = {k: getattr(args, k) for k in ("draft", "gamma", "ngram", "block", "max_iters", "init",
+    given = {k: getattr(args, k) for k in ("draft", "gamma", "tree", "ngram", "block", "max_iters", "init",
                                           "window", "guesses", "attention") if getattr(args, k) is not None}
     extra = sorted(set(given) - set(allowed))
     if extra:
@@ -62,6 +65,12 @@ def _options(args: argparse.Namespace) -> dict:
             given["gamma"] = int(given["gamma"])
         except ValueError:
             raise StudylibError(f"--gamma must be an integer or 'adaptive', got {given['gamma']!r}.") from None
+    if "tree" in given:  # a malformed tree fails here, before the model loads
+        from studylib.decoding.eagle import TreeSpec
+
+        TreeSpec.parse(given["tree"])
+        if str(given.get("draft", "")).split(":")[0] != "eagle":
+            raise StudylibError("--tree needs --draft eagle (a token tree is drafted by the EAGLE head).")
     if "attention" in given:  # a misspelt pattern fails here, before the model loads
         from studylib.attention import Pattern
 
@@ -81,9 +90,14 @@ def run(args: argparse.Namespace) -> int:
     records = read_prompts(args.prompts) if args.prompts else [PromptRecord("prompt", prompt=args.prompt)]
     model, tok = load_model(args.model, args.device, args.dtype, weights=args.weights)
     if args.method == "speculative" and "draft" in options:
-        from studylib.decoding.speculative import resolve_draft
+        if str(options["draft"]).split(":")[0] == "eagle":
+            from studylib.decoding.eagle import resolve_eagle
 
-        options["draft"] = resolve_draft(options["draft"], model)
+            options["draft"] = resolve_eagle(options["draft"], model)
+        else:
+            from studylib.decoding.speculative import resolve_draft
+
+            options["draft"] = resolve_draft(options["draft"], model)
     for rec in records:
         ids = encode(tok, rec, chat=args.chat)
         res = decode(args.method, model, ids, args.max_new_tokens, sampling, tokenizer=tok, **options)

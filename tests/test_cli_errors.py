@@ -98,3 +98,28 @@ def test_generate_with_quest_attention_runs(capsys):
                          "--prompt", "hello " * 40, "--max-new-tokens", "4", "--json")
     assert code == 0, err
     assert json.loads(out.splitlines()[-1])["new_tokens"] == 4
+
+
+def test_generate_eagle_without_a_trained_head_names_the_command(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("STUDYLIB_CACHE", str(tmp_path))
+    code, out, err = run(capsys, "generate", "--model", "tiny-random", "--method", "speculative", "--draft", "eagle",
+                         "--prompt", "hi")
+    assert_one_line_error(code, err, "no EAGLE head", "studylib train-draft --kind eagle")
+    assert out == ""
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["--draft", "eagle", "--tree", "5,4"], ["DEPTH,TOPK,NODES"]),
+    (["--draft", "eagle", "--tree", "2,2,9"], ["at most"]),
+    (["--draft", "distilled", "--tree", "5,4,16"], ["--tree needs --draft eagle"]),
+])
+def test_generate_bad_tree(capsys, argv, needles):
+    code, out, err = run(capsys, "generate", "--model", "tiny-random", "--method", "speculative", *argv,
+                         "--prompt", "hi")
+    assert_one_line_error(code, err, *needles)
+    assert out == ""
+
+
+def test_train_draft_eagle_bad_option(capsys):
+    code, _, err = run(capsys, "train-draft", "--kind", "eagle", "--model", "tiny-random", "--unroll", "3")
+    assert_one_line_error(code, err, "unroll in 1..2")

@@ -21,6 +21,7 @@ from studylib.models import DenseKVCache, LlamaModel
 from studylib.sampling import SamplingParams, probs, sample_from
 
 HELDOUT_MOD = 3  # a third of each chat category is held out for evaluation
+XSUM_HELDOUT_MOD = 4  # a quarter of the XSum articles is kept for chapter 2's evaluation (EAGLE trains on the rest)
 
 
 def is_heldout(record_id: str) -> bool:
@@ -33,6 +34,13 @@ def is_heldout(record_id: str) -> bool:
     if digits:
         return int(digits.group(1)) % HELDOUT_MOD == 1
     return int(hashlib.sha256(record_id.encode()).hexdigest(), 16) % HELDOUT_MOD == 0
+
+
+def xsum_heldout(record_id: str) -> bool:
+    """The XSum articles chapter 2 evaluates on; the EAGLE head's training text never includes them."""
+    import zlib
+
+    return zlib.crc32(record_id.encode()) % XSUM_HELDOUT_MOD == 0
 
 
 @dataclass

@@ -406,19 +406,26 @@ def train_draft(cfg: DraftTrainConfig, loaded: tuple | None = None) -> dict:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from studylib.decoding import eagle_train
+
     d = DraftTrainConfig()
+    p.add_argument("--kind", default="distilled", choices=("distilled", "eagle"),
+                   help="distilled: a small Llama draft (default); eagle: a feature-level EAGLE head (eagle_train)")
     p.add_argument("--model", default=d.model, help="target model (default smollm2-135m)")
     p.add_argument("--layers", type=int, default=d.layers, help="draft decoder layers (default 4)")
     p.add_argument("--init", default=d.init, help="auto | spaced | first | random: which target layers to start from")
     p.add_argument("--sources", default=",".join(d.sources), help="prompt sources: chat,self")
-    p.add_argument("--self-prompts", type=int, default=d.self_prompts, help="user turns the target writes itself")
-    p.add_argument("--samples", type=int, default=d.samples, help="sampled answers per prompt besides greedy")
-    p.add_argument("--gen-tokens", type=int, default=d.gen_tokens)
+    p.add_argument("--self-prompts", type=int, default=None,
+                   help=f"user turns the target writes itself (default {d.self_prompts}; eagle 16)")
+    p.add_argument("--samples", type=int, default=None,
+                   help=f"sampled answers per prompt besides greedy (default {d.samples}; eagle 1)")
+    p.add_argument("--gen-tokens", type=int, default=None, help=f"answer length (default {d.gen_tokens}; eagle 96)")
     p.add_argument("--temperature", type=float, default=d.temperature)
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--max-minutes", type=float, default=d.max_minutes, help="hard wall-time cap (default 25)")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="hard wall-time cap (default 25 for distilled, 20 for eagle)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--head-vocab", type=int, default=d.head_vocab, help="rows of the fast draft head (0: none)")
     p.add_argument("--save-every", type=int, default=d.save_every)
@@ -427,10 +434,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-embeddings", action="store_true", help="train the embedding/LM head too (frozen by default)")
     p.add_argument("--device", default=d.device)
     p.add_argument("--fresh", action="store_true", help="ignore cached data and checkpoint")
-    p.add_argument("--out", default=None, help="export directory (default: the cache, found by --draft distilled)")
+    p.add_argument("--out", default=None, help="export directory (default: the cache, found by --draft distilled "
+                   "or --draft eagle)")
+    eagle_train.add_arguments(p.add_argument_group("eagle (--kind eagle)"))
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.kind == "eagle":
+        from studylib.decoding import eagle_train
+
+        return eagle_train.run(args)
+    d = DraftTrainConfig()
+    for name in ("max_minutes", "self_prompts", "samples", "gen_tokens"):
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(d, name))
     cfg = DraftTrainConfig(
         model=args.model, layers=args.layers, init=args.init, sources=tuple(args.sources.split(",")),
         self_prompts=args.self_prompts, samples=args.samples, gen_tokens=args.gen_tokens,

@@ -213,18 +213,33 @@ def generate(
     sampling: SamplingParams = SamplingParams(),
     tokenizer: object | None = None,
     draft: str | LlamaModel | ModelDraft | SelfDraft | None = None,
-    gamma: int | str = 4,
+    gamma: int | str | None = None,
     gamma_max: int = 8,
     cost_ratio: float | None = None,
     verify_cost: Sequence[float] | None = None,
     on_step: Callable[[DenseKVCache, list[int]], None] | None = None,
     prefix_store=None,
+    tree: str | None = None,
 ) -> GenerationResult:
     """Speculative decoding with ``draft`` (a spec string, a LlamaModel or a resolved drafter).
 
-    gamma: draft length, or "adaptive" (module docstring) up to ``gamma_max``; cost_ratio and
+    gamma: draft length (default 4), or "adaptive" (module docstring) up to ``gamma_max``; cost_ratio and
     verify_cost (relative cost of a target forward over 1..gamma_max + 1 tokens) feed the adaptive rule.
+    An EAGLE draft (``eagle``, ``eagle:full``, an ``EagleDraft``) goes to ``eagle.generate``: ``gamma``
+    drafts a chain, ``tree`` ("DEPTH,TOPK,NODES") a token tree, neither the head's default tree.
     """
+    from studylib.decoding import eagle
+
+    if isinstance(draft, eagle.EagleDraft) or (isinstance(draft, str) and draft.split(":")[0] == "eagle"):
+        if gamma == "adaptive":
+            raise StudylibError("an EAGLE draft takes --gamma K (a chain) or --tree DEPTH,TOPK,NODES, not adaptive.")
+        res = eagle.generate(model, prompt_ids, max_new_tokens, sampling, tokenizer, draft=draft, tree=tree,
+                             gamma=gamma, on_step=on_step)
+        res.method = "speculative"
+        return res
+    if tree is not None:
+        raise StudylibError("--tree applies to an EAGLE draft (--draft eagle); a model draft drafts a chain (--gamma).")
+    gamma = 4 if gamma is None else gamma
     drafter = resolve_draft(draft, model)
     c = drafter.cost_ratio(model) if cost_ratio is None else cost_ratio
     policy = make_gamma(gamma, c, gamma_max, verify_cost)

@@ -41,9 +41,10 @@ def _hf_generate(hf, ids: list[int], max_new_tokens: int, eos: int, **kw) -> tup
 
 
 def hf_peers(runner: Runner, prompts: Sequence[Prompt], draft_path: str, gamma: int, ngram: int,
-             max_new_tokens: int, pld_gamma: int | None = None) -> pd.DataFrame:
+             max_new_tokens: int, pld_gamma: int | None = None, extra: Sequence[str] = ()) -> pd.DataFrame:
     """Ours and HF's AR, draft-model speculation (``gamma``) and prompt lookup (``pld_gamma``, default
-    ``gamma``, and ``ngram``), per prompt, greedy."""
+    ``gamma``, and ``ngram``), per prompt, greedy. ``extra``: more of our methods on the same prompts
+    (the EAGLE headline, compared with HF's assisted generation)."""
     pld_gamma = gamma if pld_gamma is None else pld_gamma
     from studylib.models import load_hf_model
 
@@ -61,7 +62,7 @@ def hf_peers(runner: Runner, prompts: Sequence[Prompt], draft_path: str, gamma: 
         f"hf:assisted@{gamma}": {"assistant_model": hf_draft},
         f"hf:pld@{pld_gamma},{ngram}": {"prompt_lookup_num_tokens": pld_gamma, "max_matching_ngram_size": ngram},
     }
-    ours = ["ar", f"sps:distilled:full@{gamma}", f"pld@{pld_gamma},{ngram}"]
+    ours = ["ar", f"sps:distilled:full@{gamma}", f"pld@{pld_gamma},{ngram}", *extra]
     warm = prompts[0].ids[:16] if prompts else []
     for cfg in hf_cfgs.values():
         _hf_generate(hf, warm, 3, eos, **cfg)
@@ -84,12 +85,15 @@ def hf_peers(runner: Runner, prompts: Sequence[Prompt], draft_path: str, gamma: 
     return df
 
 
-def hf_peer_summary(df: pd.DataFrame, gamma: int, ngram: int, pld_gamma: int | None = None) -> pd.DataFrame:
+def hf_peer_summary(df: pd.DataFrame, gamma: int, ngram: int, pld_gamma: int | None = None,
+                    extra: Sequence[str] = ()) -> pd.DataFrame:
     """Paired ratios: each of ours over the HF peer configured the same way (> 1: ours is faster),
-    and each method's speedup over its own implementation's AR."""
+    and each method's speedup over its own implementation's AR. ``extra`` methods are set against HF's
+    assisted generation with our distilled draft (the strongest HF speculative peer here)."""
     pld_gamma = gamma if pld_gamma is None else pld_gamma
     pairs = [("ar", "hf:ar"), (f"sps:distilled:full@{gamma}", f"hf:assisted@{gamma}"),
-             (f"pld@{pld_gamma},{ngram}", f"hf:pld@{pld_gamma},{ngram}")]
+             (f"pld@{pld_gamma},{ngram}", f"hf:pld@{pld_gamma},{ngram}"),
+             *((m, f"hf:assisted@{gamma}") for m in extra if m in set(df.config))]
     wide = df.pivot_table(index="prompt", columns="config", values="s_per_token")
     eq = df.groupby("config").equal_to_our_ar.mean()
     rows = []

@@ -59,21 +59,25 @@ class Prompt:
 
 def load_prompts(tokenizer, n_chat: int, n_xsum: int, n_code: int, seed: int = 0,
                  max_chars: int = 1500, categories: Sequence[str] = ()) -> list[Prompt]:
-    """``n_chat`` HELD-OUT chat prompts per category in ``categories`` (all when empty; the distilled
-    draft never trained on them), ``n_xsum`` XSum articles and ``n_code`` HumanEval problems."""
-    from studylib.data import CATEGORIES, load_workload
+    """``n_chat`` HELD-OUT chat prompts per category in ``categories`` (all when empty; no draft trained
+    on them), ``n_xsum`` XSum articles from the quarter the EAGLE head never trains on
+    (``draft_data.xsum_heldout``) and ``n_code`` HumanEval problems (never trained on)."""
+    from studylib.data import CATEGORIES, _subsample, load_dataset, load_workload
     from studylib.data import load_prompts as chat_set
-    from studylib.decoding.draft_data import is_heldout
+    from studylib.decoding.draft_data import is_heldout, xsum_heldout
     from studylib.prompts import encode
 
     out = []
     for cat in categories or CATEGORIES:
         for rec in [r for r in chat_set(cat) if is_heldout(r.id)][:n_chat]:
             out.append(Prompt(rec.id, "chat", cat, encode(tokenizer, rec)))
-    for name, n in (("xsum", n_xsum), ("humaneval", n_code)):
-        if n > 0:
-            for rec in load_workload(name, n, seed, max_chars=max_chars):
-                out.append(Prompt(rec.id, name, name, encode(tokenizer, rec, chat=rec.messages is not None)))
+    if n_xsum > 0:
+        pool = [r for r in load_dataset("xsum", max_chars=max_chars) if xsum_heldout(r.id)]
+        for rec in _subsample(pool, n_xsum, seed, "xsum (the held-out quarter)"):
+            out.append(Prompt(rec.id, "xsum", "xsum", encode(tokenizer, rec)))
+    if n_code > 0:
+        for rec in load_workload("humaneval", n_code, seed, max_chars=max_chars):
+            out.append(Prompt(rec.id, "humaneval", "humaneval", encode(tokenizer, rec, chat=rec.messages is not None)))
     return out
 
 
@@ -102,7 +106,14 @@ def parse_spec(spec: str) -> tuple[str, dict]:
         return "prompt-lookup", {"gamma": int(g or 8), "ngram": int(n or 3)}
     if head.startswith("sps:"):
         return "speculative", {"draft": head[4:], "gamma": arg if arg == "adaptive" else int(arg or 4)}
-    raise ValueError(f"unknown method spec {spec!r}; use ar, sps:<draft>@<gamma>, pld@<gamma>,<ngram>")
+    if head in ("eagle", "eagle:full"):
+        parts = [int(x) for x in (arg or "5,4,16").split(",")]
+        tree = (parts[0], 1, parts[0]) if len(parts) == 1 else tuple(parts)
+        if len(tree) != 3:
+            raise ValueError(f"bad EAGLE spec {spec!r}; use eagle@GAMMA (a chain) or eagle@DEPTH,TOPK,NODES")
+        return "eagle", {"draft": head, "tree": tree}
+    raise ValueError(f"unknown method spec {spec!r}; use ar, sps:<draft>@<gamma>, pld@<gamma>,<ngram>, "
+                     "eagle@<gamma> or eagle@<depth>,<topk>,<nodes>")
 
 
 class Runner:
@@ -111,6 +122,7 @@ class Runner:
     def __init__(self, model: LlamaModel, tok, draft_meta: dict | None = None, verify_cost=None):
         """verify_cost: relative cost of a target forward over 1, 2, ... tokens, for adaptive gamma."""
         self.model, self.tok, self.meta, self.drafters = model, tok, draft_meta, {}
+        self.eagle_path: str | None = None  # the EAGLE head's directory (None: the default cache entry)
         self.verify_cost = None if verify_cost is None else [float(v) for v in verify_cost]
 
     def drafter(self, spec: str):
@@ -120,12 +132,31 @@ class Runner:
             self.drafters[spec] = resolve(self.model, spec, self.meta)
         return self.drafters[spec]
 
+    def eagle(self, spec: str):
+        """The EAGLE drafter for ``eagle`` / ``eagle:full`` (the head made for this target)."""
+        from studylib.decoding.eagle import resolve_eagle
+
+        key = "eagle-head:" + spec
+        if key not in self.drafters:
+            where = spec if self.eagle_path is None else self.eagle_path + spec[len("eagle"):]
+            self.drafters[key] = resolve_eagle(where, self.model)
+        return self.drafters[key]
+
+    def eagle_cost_ratio(self, spec: str) -> float:
+        return self.eagle(spec).cost_ratio(self.model)
+
     def decode(self, spec: str, ids: list[int], max_new_tokens: int, sampling: SamplingParams):
         family, opts = parse_spec(spec)
         if family == "ar":
             return ar.generate(self.model, ids, max_new_tokens, sampling, tokenizer=self.tok)
         if family == "prompt-lookup":
             return prompt_lookup.generate(self.model, ids, max_new_tokens, sampling, tokenizer=self.tok, **opts)
+        if family == "eagle":
+            from studylib.decoding import eagle
+            from studylib.decoding.eagle import TreeSpec
+
+            return eagle.generate(self.model, ids, max_new_tokens, sampling, tokenizer=self.tok,
+                                  draft=self.eagle(opts["draft"]), tree=TreeSpec(*opts["tree"]))
         adaptive = opts["gamma"] == "adaptive" and self.verify_cost is not None
         return speculative.generate(self.model, ids, max_new_tokens, sampling, tokenizer=self.tok,
                                     draft=self.drafter(opts["draft"]), gamma=opts["gamma"],
@@ -134,13 +165,14 @@ class Runner:
 
 
 def run_methods(runner: Runner, prompts: Sequence[Prompt], specs: Sequence[str], max_new_tokens: int,
-                temperature: float = 0.0, seed: int = 0, repeats: int = 1) -> pd.DataFrame:
-    """One row per (prompt, method, repeat); AR is the reference, the arms run in a rotating order."""
+                temperature: float = 0.0, seed: int = 0, repeats: int = 1, keep_results: bool = False):
+    """One row per (prompt, method, repeat); AR is the reference, the arms run in a rotating order.
+    ``keep_results``: also return {spec: [GenerationResult, ...]} (for per-position acceptance)."""
     specs = ["ar", *[s for s in specs if s != "ar"]]
     if prompts:
         for s in specs:  # warm-up: first-call allocations and draft loading stay out of the timings
             runner.decode(s, prompts[0].ids[:16], 3, SamplingParams())
-    rows = []
+    rows, kept = [], {s: [] for s in specs}
     for i, p in enumerate(progress_bar(prompts, desc=f"ch02 T={temperature:g}", leave=False)):
         for r in range(repeats):
             # Arms interleaved: the order of the methods rotates from prompt to prompt (and repeat), so
@@ -152,7 +184,8 @@ def run_methods(runner: Runner, prompts: Sequence[Prompt], specs: Sequence[str],
             ref = results["ar"].token_ids
             for s in specs:
                 res = results[s]
-                x = res.extra
+                kept[s].append(res)
+                x = _counts(res)
                 rows.append({
                     "prompt": p.id, "workload": p.workload, "category": p.category, "method": s,
                     "family": parse_spec(s)[0], "repeat": r, "temperature": temperature,
@@ -166,7 +199,20 @@ def run_methods(runner: Runner, prompts: Sequence[Prompt], specs: Sequence[str],
                     "mean_gamma": float(np.mean(x["gamma_trace"])) if x.get("gamma_trace") else 0.0,
                     "equal_to_ar": res.token_ids == ref,
                 })
-    return pd.DataFrame(rows)
+    return (pd.DataFrame(rows), kept) if keep_results else pd.DataFrame(rows)
+
+
+def _counts(res) -> dict:
+    """Acceptance counts in the chain decoders' terms. For a token tree (EAGLE): accepted = drafted
+    tokens committed, proposed = tree nodes verified, a rejection = a step whose path stopped before
+    the tree's depth (so alpha is the per-depth continuation rate of the accepted path)."""
+    x = res.extra
+    if res.method != "eagle":
+        return x
+    depth, _, nodes = x["tree"]
+    hist = x["accepted_depths"]
+    return {**x, "accepted": sum(d * c for d, c in enumerate(hist)), "proposed": nodes * res.steps,
+            "rejections": sum(hist[:depth]), "gamma_trace": [depth] * res.steps}
 
 
 # ------------------------------------------------------------------------------------------- summaries

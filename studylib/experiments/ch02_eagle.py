@@ -1,0 +1,238 @@
+"""Chapter 2, EAGLE: the head (train or reuse), its exact-sampling check, chain vs tree, tree size.
+
+Costs are measured in the same runs, in units of one AR decode step t_ar on the same prompts: the
+draft costs c per draft forward, verifying a tree of n nodes costs v(n + 1), and the predicted speedup
+is tau / (v + depth x c), tau the tokens committed per step. Beside it stands a *model* for a
+memory-bound accelerator (labelled as such): v = 1 and c the head's share of the weights read per
+forward (``EagleDraft.cost_ratio``), at the tau measured here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from studylib.bench.stats import estimate, ratio_estimate
+
+
+def ensure_eagle(model_name: str, minutes: float, smoke: bool = False, loaded: tuple | None = None,
+                 device: str = "cpu", steps: int | None = None, **config) -> dict:
+    """Reuse the cached head when it was trained with these settings (and at least ``steps`` steps),
+    else train one now. The smoke profile trains into its own directory, so a tiny smoke head never
+    replaces the real one. Returns the head's metadata (``eagle_train``)."""
+    from studylib.decoding.eagle import META_FILE, eagle_dir
+    from studylib.decoding.eagle_train import EagleTrainConfig, reuse_key, train_eagle
+
+    kw = {"model": model_name, "max_minutes": minutes, "device": device, **config}
+    if steps is not None:
+        kw["steps"] = steps
+    if smoke:
+        kw["out"] = str(eagle_dir(model_name).with_name(eagle_dir(model_name).name + "-smoke"))
+    cfg = EagleTrainConfig(**kw)
+    out = Path(cfg.out) if cfg.out else eagle_dir(model_name)
+    meta_path = out / META_FILE
+    if meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        if meta.get("reuse_key") == reuse_key(cfg) and meta.get("complete") and meta.get("steps_done", 0) >= cfg.steps:
+            return {**meta, "path": str(out), "trained_now": False}
+    if loaded is not None and (loaded[0].dtype != torch.float32 or loaded[0].weights_format != "dense"):
+        loaded = None
+    return {**train_eagle(cfg, loaded), "path": str(out), "trained_now": True}
+
+
+def eagle_spec(meta: dict, gamma: int | None = None, tree: str | None = None, full: bool = False) -> str:
+    """Method spec for ``ch02_speculative``: ``eagle@GAMMA`` (chain) or ``eagle@D,K,N`` (tree)."""
+    head = "eagle:full" if full else "eagle"
+    if gamma is not None:
+        return f"{head}@{gamma}"
+    return f"{head}@{tree or ','.join(str(t) for t in meta.get('tree', [5, 4, 16]))}"
+
+
+def head_summary(meta: dict) -> str:
+    fresh = "trained in this run" if meta.get("trained_now") else "reused from the cache"
+    state = "complete" if meta.get("complete") else "stopped at its time cap"
+    return (f"The EAGLE head ({fresh}, {state}) is one decoder layer of the target's shape after a projection of "
+            f"[token embedding, target feature] to the model width: {meta.get('params', 0) / 1e6:.1f}M parameters against the "
+            f"target's {meta.get('target_params', 0) / 1e6:.1f}M, trained for {meta.get('steps_done')} steps on "
+            f"{meta.get('train_tokens')} tokens of features ({meta.get('answer_sequences')} of the "
+            f"{meta.get('sequences')} sequences are the target's own answers, the rest NarrativeQA prose), in "
+            f"{meta.get('precision')} on this CPU. On held-out sequences its first drafted token equals the "
+            f"target's next token {meta.get('val_top1', float('nan')):.1%} of the time, and its second (fed its own "
+            f"predicted feature) {meta.get('val_top1_second', float('nan')):.1%}. Its LM head keeps the "
+            f"{meta.get('head_vocab') or 'full'} tokens the target ranks first most often (FR-Spec).")
+
+
+def training_curve(meta: dict) -> pd.DataFrame:
+    h = pd.DataFrame(meta.get("history", []))
+    if h.empty:
+        return h
+    keep = [c for c in ("step", "loss", "top1", "top1_2") if c in h]
+    return h[keep]
+
+
+# ------------------------------------------------------------------------------------------- exactness
+
+
+def eagle_sampling_check(n: int = 2000, vocab: int = 8, tree: tuple[int, int, int] = (2, 2, 4),
+                         temperature: float = 1.0, alpha: float = 1e-3) -> pd.DataFrame:
+    """The multi-candidate tree verification, and a known-wrong variant, through the decoder loop.
+
+    A tiny random target with an 8-token vocabulary and a random head drafting a (2, 2, 4) tree: each
+    sample generates ``depth + 2`` tokens, the first from the prefill and the next ``depth + 1`` from
+    tree steps, and those are judged against their exact joint by enumeration (``distribution_test``:
+    chi-square and total variation on the joint and every marginal, Bonferroni). The wrong walk does not
+    remove a rejected candidate from p, which over-weights the drafted tokens."""
+    from studylib.decoding import eagle
+    from studylib.experiments.ch02_peers import ar_joint, distribution_test
+    from studylib.models import DenseKVCache, _random_model
+    from studylib.models.presets import tiny_config
+    from studylib.progress import progress_bar
+    from studylib.sampling import SamplingParams, probs
+
+    dev, dt = torch.device("cpu"), torch.float32
+    target = _random_model(tiny_config(0, vocab_size=vocab), dev, dt, 0).eval()
+    target.config.eos_token_ids = []
+    torch.manual_seed(11)
+    head = eagle.EagleHead(target.config).eval()
+    # Sharpen the random head a little so its top-k candidates carry real probability mass.
+    with torch.no_grad():
+        head.fc.weight.mul_(3.0)
+    drafter = eagle.EagleDraft(head, None, eagle.TreeSpec(*tree))
+    prompt = [1, 3, 5]
+    k = tree[0] + 1
+    sampling_args = (temperature,)
+
+    def dist(ids):
+        cache = DenseKVCache(target.config, 1, len(ids), dev, dt)
+        logits = target(torch.tensor([ids]), cache.begin(len(ids)), logits="last").logits[0, -1]
+        return probs(logits, SamplingParams(*sampling_args)).double().numpy()
+
+    with torch.inference_mode():
+        p1 = dist(prompt)
+        exact = sum(p1[x1] * ar_joint(dist, [*prompt, x1], k, vocab) for x1 in range(vocab))
+
+    def wrong(logits, tree_, sampling, gen):
+        return eagle.walk_sampling(logits, tree_, sampling, gen, exact=False)
+
+    rows = []
+    for name, walker, expect in (("exact (multi-candidate)", None, False),
+                                 ("wrong (rejected candidate kept in p)", wrong, True)):
+        tokens = np.zeros((n, k), dtype=np.int64)
+        deep = 0
+        for i in progress_bar(range(n), desc=f"eagle sampling check: {name}", leave=False):
+            res = eagle.generate(target, prompt, k + 1, SamplingParams(temperature, seed=i), draft=drafter,
+                                 walker=walker)
+            tokens[i] = res.token_ids[1 : k + 1]
+            deep += res.accepted_lengths[0] > 1
+        t = distribution_test(tokens, exact, alpha)
+        rows.append({"sampler": name, "samples": n, "positions": k, "first_step_accepted_a_draft": deep / n, **t,
+                     "expect_reject": expect, "as_expected": t["rejected"] == expect})
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------------------- trees
+
+
+def per_position(df: pd.DataFrame, results: dict) -> pd.DataFrame:
+    """Per method: of the steps whose accepted path reached depth d - 1, the share that reached d."""
+    rows = []
+    for spec, res_list in results.items():
+        hist = np.sum([r.extra["accepted_depths"] for r in res_list], axis=0)
+        reach = [hist[d:].sum() for d in range(len(hist))]
+        for d in range(1, len(hist)):
+            rows.append({"method": spec, "depth": d, "steps_reaching": int(reach[d - 1]),
+                         "acceptance": reach[d] / reach[d - 1] if reach[d - 1] else float("nan")})
+    return pd.DataFrame(rows)
+
+
+def tree_sweep(runner, prompts: Sequence, specs: Sequence[str], max_new_tokens: int, verify_cost=None,
+               cost_model: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Chain and trees on the same prompts, arms interleaved with AR: per spec the measured tau (tokens
+    per target forward), c, v, predicted and measured speedup, and the accelerator model (v = 1,
+    c = weights ratio) at the same tau. Returns (table, per-position acceptance)."""
+    from studylib.decoding.eagle import TreeSpec
+    from studylib.experiments.ch02_speculative import parse_spec, run_methods
+
+    df, results = run_methods(runner, prompts, list(specs), max_new_tokens, keep_results=True)
+    ar_rows = df[df.method == "ar"].set_index("prompt")
+    t_ar = float((ar_rows.decode_s / (ar_rows.new_tokens - 1).clip(lower=1)).median())
+    rows = []
+    for spec in specs:
+        d = df[df.method == spec]
+        _, opts = parse_spec(spec)
+        tree = opts["tree"]
+        tau = float(d.new_tokens.sum() - len(d)) / max(d.steps.sum(), 1)  # tokens per step after prefill
+        c = float(d.draft_s.sum() / max(d.draft_forwards.sum(), 1)) / t_ar
+        v = float(d.verify_s.sum() / max(d.steps.sum(), 1)) / t_ar
+        fwd_per_step = float(d.draft_forwards.sum()) / max(d.steps.sum(), 1)
+        sp = ratio_estimate(ar_rows.loc[d.prompt].s_per_token.values, d.s_per_token.values)
+        tps = estimate(d.tokens_per_step)
+        c_model = runner.eagle_cost_ratio(opts["draft"]) if hasattr(runner, "eagle_cost_ratio") else float("nan")
+        rows.append({
+            "method": spec, "shape": "chain" if TreeSpec(*tree).is_chain else "tree", "depth": tree[0],
+            "topk": tree[1], "verify_tokens": tree[2] + 1, "prompts": len(d), "tau": tau,
+            "tau_lo": tps.ci_low, "tau_hi": tps.ci_high, "c": c, "v": v, "draft_forwards_per_step": fwd_per_step,
+            "predicted_speedup": tau / (v + fwd_per_step * c), "speedup": sp.value, "speedup_lo": sp.ci_low,
+            "speedup_hi": sp.ci_high,
+            "model_accelerator_speedup": tau / (1.0 + fwd_per_step * c_model),
+        })
+    pos = per_position(df, {s: results[s] for s in specs})
+    return pd.DataFrame(rows), pos
+
+
+def tree_long(sweep: pd.DataFrame) -> pd.DataFrame:
+    """Measured and predicted speedup against verify size, and the accelerator model, in long form."""
+    cols = {"speedup": "measured (this CPU)", "predicted_speedup": "predicted from measured c, v (this CPU)",
+            "model_accelerator_speedup": "model: memory-bound accelerator (v = 1), same tau"}
+    out = sweep.melt(id_vars=["verify_tokens", "shape"], value_vars=list(cols), var_name="series", value_name="x AR")
+    out["series"] = out.series.map(cols) + " - " + out["shape"]
+    return out
+
+
+def explain_trees(sweep: pd.DataFrame) -> str:
+    if sweep.empty:
+        return "No tree was run in this profile."
+    best = sweep.loc[sweep.speedup.idxmax()]
+    lines = [f"The fastest shape here is {best.method} ({best['shape']}, {int(best.verify_tokens)} tokens verified per "
+             f"step): {best.speedup:.2f}x AR [{best.speedup_lo:.2f}, {best.speedup_hi:.2f}] with tau = {best.tau:.2f} "
+             f"tokens per target forward."]
+    chains, trees = sweep[sweep["shape"] == "chain"], sweep[sweep["shape"] == "tree"]
+    for r in trees.itertuples():
+        same = chains[chains.verify_tokens == r.verify_tokens]
+        if len(same):
+            ch = same.iloc[0]
+            lines.append(f"At {int(r.verify_tokens)} verified tokens the tree commits {r.tau:.2f} tokens per step "
+                         f"against the chain's {ch.tau:.2f}.")
+    grow = sweep.sort_values("verify_tokens")
+    lines.append(f"Verifying costs v = {grow.v.iloc[0]:.2f} AR steps at {int(grow.verify_tokens.iloc[0])} tokens and "
+                 f"{grow.v.iloc[-1]:.2f} at {int(grow.verify_tokens.iloc[-1])}: on this CPU a bigger tree buys "
+                 "acceptance with verify time, which a memory-bound accelerator (the model curve, v = 1) would not "
+                 "charge.")
+    return " ".join(lines)
+
+
+def eagle_aims(by_workload: pd.DataFrame, spec: str, on_gguf: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The EAGLE aims, measured: >= 2.5 tokens per target forward on chat; >= 1.5x our AR on chat on the
+    dense fp32 engine and on the GGUF engine. "met" needs the CI's low end at or above the aim."""
+    rows = []
+    r = by_workload[(by_workload.method == spec) & (by_workload.workload == "chat")]
+    if len(r):
+        r = r.iloc[0]
+        rows.append({"aim": f"{spec} on chat >= 2.5 tokens per target forward", "measured": r.tokens_per_step,
+                     "ci": f"[{r.tokens_per_step_lo:.2f}, {r.tokens_per_step_hi:.2f}]",
+                     "met": bool(r.tokens_per_step_lo >= 2.5)})
+        rows.append({"aim": f"{spec} on chat >= 1.5x our AR (dense fp32 engine)", "measured": r.speedup,
+                     "ci": f"[{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]", "met": bool(r.speedup_lo >= 1.5)})
+    if on_gguf is not None:
+        g = on_gguf[(on_gguf.method == spec)]
+        if len(g):
+            g = g.iloc[0]
+            rows.append({"aim": f"{spec} on chat >= 1.5x our AR (gguf engine, AR on the same engine)",
+                         "measured": g.speedup, "ci": f"[{g.speedup_lo:.2f}, {g.speedup_hi:.2f}]",
+                         "met": bool(g.speedup_lo >= 1.5)})
+    return pd.DataFrame(rows)
