@@ -71,6 +71,10 @@ def _options(args: argparse.Namespace) -> dict:
         TreeSpec.parse(given["tree"])
         if str(given.get("draft", "")).split(":")[0] != "eagle":
             raise StudylibError("--tree needs --draft eagle (a token tree is drafted by the EAGLE head).")
+        if "gamma" in given:
+            raise StudylibError("give --tree or --gamma for an EAGLE draft, not both.")
+    if str(given.get("draft", "")).split(":")[0] == "eagle" and given.get("gamma") == "adaptive":
+        raise StudylibError("--gamma adaptive is for model drafts; an EAGLE draft takes --gamma K or --tree D,K,N.")
     if "attention" in given:  # a misspelt pattern fails here, before the model loads
         from studylib.attention import Pattern
 

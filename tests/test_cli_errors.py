@@ -112,6 +112,8 @@ def test_generate_eagle_without_a_trained_head_names_the_command(capsys, monkeyp
     (["--draft", "eagle", "--tree", "5,4"], ["DEPTH,TOPK,NODES"]),
     (["--draft", "eagle", "--tree", "2,2,9"], ["at most"]),
     (["--draft", "distilled", "--tree", "5,4,16"], ["--tree needs --draft eagle"]),
+    (["--draft", "eagle", "--tree", "5,4,16", "--gamma", "4"], ["not both"]),
+    (["--draft", "eagle", "--gamma", "adaptive"], ["--gamma K or --tree"]),
 ])
 def test_generate_bad_tree(capsys, argv, needles):
     code, out, err = run(capsys, "generate", "--model", "tiny-random", "--method", "speculative", *argv,
@@ -120,6 +122,10 @@ def test_generate_bad_tree(capsys, argv, needles):
     assert out == ""
 
 
-def test_train_draft_eagle_bad_option(capsys):
-    code, _, err = run(capsys, "train-draft", "--kind", "eagle", "--model", "tiny-random", "--unroll", "3")
-    assert_one_line_error(code, err, "unroll in 1..2")
+@pytest.mark.parametrize("argv, needles", [
+    (["--unroll", "3"], ["unroll in 1..2"]),
+    (["--steps", "50"], ["--steps is a distilled-draft option", "--eagle-steps"]),
+])
+def test_train_draft_eagle_bad_option(capsys, argv, needles):
+    code, _, err = run(capsys, "train-draft", "--kind", "eagle", "--model", "tiny-random", *argv)
+    assert_one_line_error(code, err, *needles)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -273,7 +274,7 @@ def walk_sampling(logits: torch.Tensor, tree: DraftTree, sampling: SamplingParam
         moved = False
         for c in kids[row]:
             tok = tree.tokens[c - 1]
-            u = float(torch.rand((), generator=gen))
+            u = float(torch.rand((), generator=gen, device=logits.device))
             if u < float(p[tok]):
                 path.append(c)
                 row, moved = c, True
@@ -301,7 +302,9 @@ class EagleDraft:
     tree: TreeSpec = field(default_factory=lambda: TreeSpec(5, 4, 16))
     name: str = "eagle"
     meta: dict = field(default_factory=dict)
-    _projections: dict = field(default_factory=dict, repr=False, compare=False)
+    # target model -> {full head?: (ids, rows)}; weak, so a dropped model takes its rows with it
+    _projections: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary, repr=False,
+                                                    compare=False)
 
     def projection(self, target: LlamaModel) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(head ids on the device or None, the LM head rows the draft projects onto), built once per
@@ -309,8 +312,9 @@ class EagleDraft:
         dequantised row by row for a reduced one."""
         from studylib.models.quant import QuantTensor
 
-        key = (id(target), self.head_ids is None)
-        cached = self._projections.get(key)
+        per_target = self._projections.setdefault(target, {})
+        key = self.head_ids is None
+        cached = per_target.get(key)
         if cached is None:
             w = target.lm_head.weight
             if self.head_ids is None:
@@ -319,7 +323,7 @@ class EagleDraft:
                 ids = self.head_ids.to(target.device)
                 rows = w.rows(ids) if type(w) is QuantTensor else w.detach()[ids]
                 cached = (ids, rows.to(target.dtype).contiguous())
-            self._projections[key] = cached
+            per_target[key] = cached
         return cached
 
     def with_tree(self, tree: TreeSpec) -> EagleDraft:
@@ -409,7 +413,7 @@ class _Session:
                     a = parents[a]
                 visible[r, used + r] = True
                 slot[i] = used + r
-            pos = torch.full((len(beam),), n - 2 + depth, dtype=torch.long)
+            pos = torch.full((len(beam),), n - 2 + depth, dtype=torch.long, device=root.device)
             out = self._run(torch.stack([feats[i] for i in beam]), [tokens[i] for i in beam], pos,
                             visible.to(root.device))
             lp, idx = self._logp(out).topk(k, dim=-1)  # (R, k)

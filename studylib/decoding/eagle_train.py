@@ -53,6 +53,7 @@ class EagleTrainConfig:
     lr: float = 1e-3
     warmup: int = 30
     cls_weight: float = 0.5
+    answer_share: float | None = None  # share of every batch drawn from the target's answers (None: as in the data)
     noise: float = 0.1
     unroll: int = 1
     head_vocab: int = 8192
@@ -84,6 +85,7 @@ class EagleTrainConfig:
                   "0 < data_share < 1": 0 < self.data_share < 1, "gen_tokens >= 1": self.gen_tokens >= 1,
                   "text_sources within narrativeqa,xsum": set(self.text_sources) <= {"narrativeqa", "xsum"}}
         checks["precision in auto|fp32|bf16"] = self.precision in ("auto", "fp32", "bf16")
+        checks["0 < answer_share < 1"] = self.answer_share is None or 0 < self.answer_share < 1
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
             raise StudylibError(f"train-draft --kind eagle needs {', '.join(bad)}; fix the option "
@@ -97,7 +99,7 @@ class EagleTrainConfig:
 ANSWER_FIELDS = ("model", "sources", "self_prompts", "samples", "gen_tokens", "seed")
 FEATURE_FIELDS = (*ANSWER_FIELDS, "chunk", "text_tokens", "text_sources")
 TRAIN_FIELDS = (*FEATURE_FIELDS, "steps", "batch_tokens", "lr", "warmup", "cls_weight", "noise", "unroll",
-                "head_vocab", "precision")
+                "head_vocab", "precision", "answer_share")
 
 
 def reuse_key(cfg: EagleTrainConfig) -> str:
@@ -205,14 +207,16 @@ def _features(cfg: EagleTrainConfig, target, tok, work: Path, deadline: float) -
     state = torch.load(path, weights_only=True) if path.exists() and not cfg.fresh else None
     if state is None or state.get("key") != key:
         state = {"key": key, "ids": [], "feats": [], "argmax": [], "held": [], "kind": [], "answers_done": False}
-    if not state["answers_done"]:
-        seqs, complete = _answers(cfg, target, tok, work, max((deadline - time.monotonic()) / 60 * 0.5, 0.01))
+    answers_complete = state["answers_done"]
+    if not answers_complete:
+        seqs, answers_complete = _answers(cfg, target, tok, work,
+                                          max((deadline - time.monotonic()) / 60 * 0.5, 0.01))
         # Held out by prompt: sampled answers to one prompt share most of their text.
         jobs = [(s.ids.tolist(), zlib.crc32(s.ids[: s.prompt_len].numpy().tobytes()) % 10 == 0, "answer")
                 for s in seqs]
-        state["answers_done"] = complete
     else:
         jobs = []
+    n_answer_jobs = len(jobs)
     jobs += [(ids, zlib.crc32(sid.encode()) % 10 == 0, "prose") for sid, ids in _prose(cfg, tok)]
     cap = target.config.max_position_embeddings
     have = {tuple(i) for i in state["ids"]}
@@ -230,6 +234,9 @@ def _features(cfg: EagleTrainConfig, target, tok, work: Path, deadline: float) -
             state["argmax"].append(top)
             state["held"].append(bool(held))
             state["kind"].append(kind)
+    have = {tuple(i) for i in state["ids"]}
+    # Answers count as done only when every one of them has its features (a stop mid-way resumes them).
+    state["answers_done"] = bool(answers_complete and all(tuple(j[0][:cap]) in have for j in jobs[:n_answer_jobs]))
     torch.save(state, path)
     return state, bool(state["answers_done"] and not stopped)
 
@@ -329,15 +336,25 @@ def _lr(cfg: EagleTrainConfig, step: int) -> float:
 
 
 def _pick(state: dict, train: list[int], cfg: EagleTrainConfig, step: int) -> list[int]:
-    """Sequences for one step: a seeded draw until ``batch_tokens`` rows (function of seed and step)."""
+    """Sequences for one step: a seeded draw until ``batch_tokens`` rows (function of seed and step).
+
+    ``answer_share``: the target's own answers are few beside the prose but are what the head drafts at
+    run time (the assistant's turn); a share makes them fill that part of every batch whatever their
+    share of the data (None: batches are drawn in proportion to the data)."""
     g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-    order = torch.randperm(len(train), generator=g).tolist()
-    rows, tokens = [], 0
-    for i in order:
-        rows.append(train[i])
-        tokens += len(state["ids"][train[i]])
-        if tokens >= cfg.batch_tokens:
-            break
+    answers = [i for i in train if state["kind"][i] == "answer"]
+    others = [i for i in train if state["kind"][i] != "answer"]
+    share = cfg.answer_share
+    pools = [(answers, share), (others, 1.0 - share)] if share is not None and answers and others else [(train, 1.0)]
+    rows = []
+    for pool, share in pools:
+        order = torch.randperm(len(pool), generator=g).tolist()
+        tokens, budget = 0, cfg.batch_tokens * share
+        for i in order:
+            if tokens >= budget:
+                break
+            rows.append(pool[i])
+            tokens += len(state["ids"][pool[i]])
     return rows
 
 
@@ -412,10 +429,14 @@ def train_eagle(cfg: EagleTrainConfig, loaded: tuple | None = None) -> dict:
     w_full = target.lm_head.weight.detach()
     ids_t = torch.tensor(vocab, dtype=torch.long) if vocab else None
     w_head = w_full[ids_t].contiguous() if ids_t is not None else w_full
+    torch.manual_seed(cfg.seed)  # the head's initial weights depend on the seed only, not on what ran before
     head = EagleHead(target.config).to(target.device)
     precision = train_precision(cfg.precision, target.device)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
-    ckpt_path, key = work / "ckpt.pt", cfg.key(*TRAIN_FIELDS)
+    # The checkpoint belongs to this config AND this training set (features may have grown since).
+    ckpt_path = work / "ckpt.pt"
+    key = cfg.key(*TRAIN_FIELDS) + hashlib.sha256(json.dumps([len(state["ids"][i]) for i in train]).encode()
+                                                  ).hexdigest()[:8]
     ckpt = torch.load(ckpt_path, weights_only=True) if ckpt_path.exists() and not cfg.fresh else None
     step, history = 0, []
     if ckpt is not None and ckpt.get("key") == key and ckpt.get("vocab") == vocab:
@@ -498,8 +519,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from studylib.decoding.draft_train import DraftTrainConfig
     from studylib.decoding.eagle import TreeSpec
 
+    dd = DraftTrainConfig()
+    for flag, name, eagle_flag in (("--steps", "steps", "--eagle-steps"), ("--lr", "lr", "--eagle-lr"),
+                                   ("--batch-size", "batch_size", "--batch-tokens"),
+                                   ("--head-vocab", "head_vocab", "--eagle-head-vocab"),
+                                   ("--temperature", "temperature", None), ("--layers", "layers", None)):
+        if getattr(args, name) != getattr(dd, name):
+            raise StudylibError(f"{flag} is a distilled-draft option; with --kind eagle use "
+                                f"{eagle_flag or 'the EAGLE options'} (see `studylib train-draft --help`).")
     tree = TreeSpec.parse(args.tree)
     d = EagleTrainConfig()
     for name in ("max_minutes", "self_prompts", "samples", "gen_tokens"):

@@ -207,7 +207,7 @@ def _counts(res) -> dict:
     tokens committed, proposed = tree nodes verified, a rejection = a step whose path stopped before
     the tree's depth (so alpha is the per-depth continuation rate of the accepted path)."""
     x = res.extra
-    if res.method != "eagle":
+    if "accepted_depths" not in x:
         return x
     depth, _, nodes = x["tree"]
     hist = x["accepted_depths"]
@@ -451,7 +451,7 @@ def explain_aims(aims: pd.DataFrame, sweep: pd.DataFrame | None = None) -> str:
     missed = aims[~aims.met]
     text = f"{len(met)} of {len(aims)} aims met."
     if len(missed):
-        text += (" Missed: " + "; ".join(f"{r.aim} (measured {r.measured:.2f}x {r.ci})" for r in missed.itertuples())
+        text += (" Missed: " + "; ".join(f"{r.aim} (measured {r.measured:.2f} {r.ci})" for r in missed.itertuples())
                  + ".")
         if sweep is not None and len(sweep):
             text += (f" The gamma sweep shows where the gain goes on this machine: a draft forward costs "
