@@ -209,3 +209,21 @@ def test_speculative_generate_routes_an_eagle_draft(tiny, head):
     assert speculative.generate(model, PROMPT, 20, draft=d, gamma=3).extra["tree"] == [3, 1, 3]
     with pytest.raises(StudylibError, match="--tree"):
         speculative.generate(model, PROMPT, 5, draft="self:0", tree="2,2,3")
+
+
+def test_engine_costs_read_tau_c_and_v_in_ar_steps():
+    import pandas as pd
+
+    from studylib.experiments.ch02_eagle import engine_costs
+
+    # AR: 11 tokens in 1.0 s of decode -> 0.1 s per step. EAGLE: 11 tokens in 4 steps, 8 draft forwards
+    # taking 0.08 s (c = 0.1) and 0.6 s of verification (v = 1.5).
+    df = pd.DataFrame([
+        {"prompt": "p", "method": "ar", "decode_s": 1.0, "new_tokens": 11, "steps": 10, "draft_s": 0.0,
+         "verify_s": 0.0, "draft_forwards": 0},
+        {"prompt": "p", "method": "eagle@2", "decode_s": 0.7, "new_tokens": 11, "steps": 4, "draft_s": 0.08,
+         "verify_s": 0.6, "draft_forwards": 8},
+    ])
+    r = engine_costs(df).iloc[0]
+    assert r.tau == pytest.approx(2.5) and r.c == pytest.approx(0.1) and r.v == pytest.approx(1.5)
+    assert r.predicted_speedup == pytest.approx(2.5 / (1.5 + 2 * 0.1))

@@ -60,7 +60,8 @@ def head_summary(meta: dict) -> str:
             f"[token embedding, target feature] to the model width: {meta.get('params', 0) / 1e6:.1f}M parameters against the "
             f"target's {meta.get('target_params', 0) / 1e6:.1f}M, trained for {meta.get('steps_done')} steps on "
             f"{meta.get('train_tokens')} tokens of features ({meta.get('answer_sequences')} of the "
-            f"{meta.get('sequences')} sequences are the target's own answers, the rest NarrativeQA prose), in "
+            f"{meta.get('sequences')} sequences are the target's own answers, the rest NarrativeQA stories and "
+            f"XSum articles outside the quarter evaluated here), in "
             f"{meta.get('precision')} on this CPU. On held-out sequences its first drafted token equals the "
             f"target's next token {meta.get('val_top1', float('nan')):.1%} of the time, and its second (fed its own "
             f"predicted feature) {meta.get('val_top1_second', float('nan')):.1%}. Its LM head keeps the "
@@ -183,6 +184,35 @@ def tree_sweep(runner, prompts: Sequence, specs: Sequence[str], max_new_tokens: 
         })
     pos = per_position(df, {s: results[s] for s in specs})
     return pd.DataFrame(rows), pos
+
+
+def engine_costs(df: pd.DataFrame) -> pd.DataFrame:
+    """Per method of a ``run_methods`` frame: tau, c and v in AR steps of the same engine (as in
+    ``tree_sweep``), and the speedup they predict, so a slowdown on one engine can be read off its costs."""
+    ar_rows = df[df.method == "ar"].set_index("prompt")
+    t_ar = float((ar_rows.decode_s / (ar_rows.new_tokens - 1).clip(lower=1)).median())
+    rows = []
+    for spec in [m for m in dict.fromkeys(df.method) if m != "ar"]:
+        d = df[df.method == spec]
+        steps = max(int(d.steps.sum()), 1)
+        tau = float(d.new_tokens.sum() - len(d)) / steps
+        c = float(d.draft_s.sum() / max(d.draft_forwards.sum(), 1)) / t_ar
+        v = float(d.verify_s.sum() / steps) / t_ar
+        f = float(d.draft_forwards.sum()) / steps
+        rows.append({"method": spec, "ar_ms_per_token": 1e3 * t_ar, "tau": tau, "c": c, "v": v,
+                     "draft_forwards_per_step": f, "predicted_speedup": tau / (v + f * c)})
+    return pd.DataFrame(rows)
+
+
+def explain_engine(costs: pd.DataFrame, engine: str) -> str:
+    if costs.empty:
+        return f"Nothing was run on the {engine} engine."
+    parts = [f"{r.method}: tau = {r.tau:.2f} tokens per step, a draft forward costs c = {r.c:.2f} and verifying "
+             f"v = {r.v:.2f} AR steps, so tau / (v + {r.draft_forwards_per_step:.0f} c) predicts {r.predicted_speedup:.2f}x"
+             for r in costs.itertuples()]
+    return (f"On the {engine} engine an AR step takes {costs.ar_ms_per_token.iloc[0]:.1f} ms. " + "; ".join(parts)
+            + ". The faster the target step, the larger the draft's share of it, and the verify block is "
+            "computed row by row in that engine's fused kernel, so verify cost grows with the tree.")
 
 
 def tree_long(sweep: pd.DataFrame) -> pd.DataFrame:
