@@ -40,7 +40,6 @@ distribution test, with a known-wrong variant it must reject).
 from __future__ import annotations
 
 import json
-import math
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -581,12 +580,6 @@ def resolve_eagle(spec, target: LlamaModel) -> EagleDraft:
     return d.full_head() if full else d
 
 
-def predicted_speedup(tokens_per_step: float, draft_forwards: float, cost_ratio: float, verify_cost: float) -> float:
-    """Expected wall-time ratio over AR: tokens per step over (verify + draft forwards x c), all in AR steps."""
-    denom = verify_cost + draft_forwards * cost_ratio
-    return tokens_per_step / denom if denom > 0 else math.nan
-
-
 __all__ = ["CausalKV", "DraftKV", "DraftTree", "EagleDraft", "EagleHead", "TreeSpec", "eagle_dir", "generate",
-           "load_head", "predicted_speedup", "resolve_eagle", "save_head", "select_nodes", "walk_greedy",
+           "load_head", "resolve_eagle", "save_head", "select_nodes", "walk_greedy",
            "walk_sampling"]

@@ -494,13 +494,6 @@ def train_eagle(cfg: EagleTrainConfig, loaded: tuple | None = None) -> dict:
     return meta
 
 
-def eagle_meta(target_name: str) -> dict | None:
-    from studylib.decoding.eagle import META_FILE, eagle_dir
-
-    path = eagle_dir(target_name) / META_FILE
-    return {**json.loads(path.read_text()), "path": str(path.parent)} if path.exists() else None
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``--kind eagle`` (prefixed where they would clash with the distilled draft's)."""
     d = EagleTrainConfig()

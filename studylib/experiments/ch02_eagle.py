@@ -45,14 +45,6 @@ def ensure_eagle(model_name: str, minutes: float, smoke: bool = False, loaded: t
     return {**train_eagle(cfg, loaded), "path": str(out), "trained_now": True}
 
 
-def eagle_spec(meta: dict, gamma: int | None = None, tree: str | None = None, full: bool = False) -> str:
-    """Method spec for ``ch02_speculative``: ``eagle@GAMMA`` (chain) or ``eagle@D,K,N`` (tree)."""
-    head = "eagle:full" if full else "eagle"
-    if gamma is not None:
-        return f"{head}@{gamma}"
-    return f"{head}@{tree or ','.join(str(t) for t in meta.get('tree', [5, 4, 16]))}"
-
-
 def head_summary(meta: dict) -> str:
     fresh = "trained in this run" if meta.get("trained_now") else "reused from the cache"
     state = "complete" if meta.get("complete") else "stopped at its time cap"
@@ -161,26 +153,23 @@ def tree_sweep(runner, prompts: Sequence, specs: Sequence[str], max_new_tokens: 
 
     df, results = run_methods(runner, prompts, list(specs), max_new_tokens, keep_results=True)
     ar_rows = df[df.method == "ar"].set_index("prompt")
-    t_ar = float((ar_rows.decode_s / (ar_rows.new_tokens - 1).clip(lower=1)).median())
+    costs = engine_costs(df).set_index("method")
     rows = []
     for spec in specs:
         d = df[df.method == spec]
         _, opts = parse_spec(spec)
         tree = opts["tree"]
-        tau = float(d.new_tokens.sum() - len(d)) / max(d.steps.sum(), 1)  # tokens per step after prefill
-        c = float(d.draft_s.sum() / max(d.draft_forwards.sum(), 1)) / t_ar
-        v = float(d.verify_s.sum() / max(d.steps.sum(), 1)) / t_ar
-        fwd_per_step = float(d.draft_forwards.sum()) / max(d.steps.sum(), 1)
+        k = costs.loc[spec]
         sp = ratio_estimate(ar_rows.loc[d.prompt].s_per_token.values, d.s_per_token.values)
         tps = estimate(d.tokens_per_step)
         c_model = runner.eagle_cost_ratio(opts["draft"]) if hasattr(runner, "eagle_cost_ratio") else float("nan")
         rows.append({
             "method": spec, "shape": "chain" if TreeSpec(*tree).is_chain else "tree", "depth": tree[0],
-            "topk": tree[1], "verify_tokens": tree[2] + 1, "prompts": len(d), "tau": tau,
-            "tau_lo": tps.ci_low, "tau_hi": tps.ci_high, "c": c, "v": v, "draft_forwards_per_step": fwd_per_step,
-            "predicted_speedup": tau / (v + fwd_per_step * c), "speedup": sp.value, "speedup_lo": sp.ci_low,
-            "speedup_hi": sp.ci_high,
-            "model_accelerator_speedup": tau / (1.0 + fwd_per_step * c_model),
+            "topk": tree[1], "verify_tokens": tree[2] + 1, "prompts": len(d), "tau": k.tau,
+            "tau_lo": tps.ci_low, "tau_hi": tps.ci_high, "c": k.c, "v": k.v,
+            "draft_forwards_per_step": k.draft_forwards_per_step, "predicted_speedup": k.predicted_speedup,
+            "speedup": sp.value, "speedup_lo": sp.ci_low, "speedup_hi": sp.ci_high,
+            "model_accelerator_speedup": k.tau / (1.0 + k.draft_forwards_per_step * c_model),
         })
     pos = per_position(df, {s: results[s] for s in specs})
     return pd.DataFrame(rows), pos
