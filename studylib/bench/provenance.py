@@ -121,5 +121,6 @@ def provenance(**params: object) -> dict:
         "cpu_linear": _backend("studylib.models.cpu_linear", "backend"),
         "quest_kernel": _backend("studylib.attention.quest", "kernel_backend"),
         "quant_kernel": _backend("studylib.models.quant", "isa"),
+        "invariant_kernels": _backend("studylib.models.invariant", "describe"),
         "params": params,
     }

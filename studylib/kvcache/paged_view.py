@@ -11,7 +11,12 @@ Two attention strategies, same arithmetic per sequence up to padding:
 - ``loop``: one SDPA per sequence over exactly its keys (best for prefill: no padding waste).
 - ``padded``: gather every sequence into (B, Hkv, max_len, D) and run one SDPA with a key-padding
   mask (meant for decode-heavy batches on GPUs, where a loop of B tiny SDPAs is B kernel launches).
-``auto`` picks ``loop`` on CPU, where it measured faster in every case we tried (smollm2-135m shapes,
+- ``kernel``: one C call per layer for the whole batch (``models.invariant.attention``): each query's
+  softmax over exactly its keys, read through the block tables in place, with a fixed reduction
+  order, so a token's output does not depend on the batch (fp32 CPU, no ``mask_fn``).
+``auto`` picks ``kernel`` where it applies (fp32 on CPU without a sparse pattern): a saturated decode
+step of 64 sequences otherwise spends more time in 64 x 30 small SDPA calls and their gathers than in
+the kernel. Of the two SDPA strategies, ``loop`` measured faster on CPU in every case we tried (smollm2-135m shapes,
 one layer, 1 thread: B=8 x 512 cached, 1 new: 14 ms vs 20 ms; B=32 x 256, 1 new: 25 vs 51 ms;
 B=4 x 256, 64 new: 34 vs 35 ms): the masked SDPA falls off the fast kernel and the padded gather
 costs more than the loop saves. On CUDA, where each small SDPA is a kernel launch, ``auto`` picks
@@ -22,10 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from studylib.kvcache.pool import PagedKVPool
+from studylib.models import invariant
 
 # The DenseKVCache.mask_fn signature: (q_pos (1, n), k_pos (1, L)) -> bool mask broadcastable to (1, n, L).
 MaskFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -45,8 +52,8 @@ class PagedBatch:
     ):
         if not (len(block_tables) == len(cached_lens) == len(new_lens)) or not block_tables:
             raise ValueError("block_tables, cached_lens and new_lens must be non-empty and of equal length")
-        if mode not in ("auto", "loop", "padded"):
-            raise ValueError(f"unknown PagedBatch mode {mode!r}; use auto, loop or padded")
+        if mode not in ("auto", "loop", "padded", "kernel"):
+            raise ValueError(f"unknown PagedBatch mode {mode!r}; use auto, loop, padded or kernel")
         self.pool = pool
         self.tables = [list(t) for t in block_tables]
         self.cached = [int(c) for c in cached_lens]
@@ -60,9 +67,15 @@ class PagedBatch:
         for n in self.new:
             self.offsets.append(self.offsets[-1] + n)
         self.num_tokens = self.offsets[-1]
-        if mode == "auto":
+        kernel_ok = mask_fn is None and pool.device.type == "cpu" and pool.dtype == torch.float32
+        if mode == "kernel" and not kernel_ok:
+            raise ValueError("the kernel strategy takes an fp32 CPU pool and no mask_fn")
+        if mode == "auto" or (invariant.active() and kernel_ok):
             decode_heavy = len(self.new) > 1 and max(self.new) <= padded_max_new
-            mode = "padded" if decode_heavy and pool.device.type == "cuda" else "loop"
+            if kernel_ok and (invariant.active() or invariant.available()[0]):
+                mode = "kernel"
+            else:
+                mode = "padded" if decode_heavy and pool.device.type == "cuda" else "loop"
         self.mode = mode
 
         # (1, N) absolute positions, and the slots the new tokens are written to (N,).
@@ -71,6 +84,9 @@ class PagedBatch:
         self._write = torch.cat([
             pool.slots(t, c, c + n) for t, c, n in zip(self.tables, self.cached, self.new, strict=True)
         ])
+        if self.mode == "kernel":
+            self._build_kernel()
+            return
         # Per-sequence read slots [0, c_i + n_i) (gathered per layer).
         self._read = [pool.slots(t, 0, L) for t, L in zip(self.tables, self.total, strict=True)]
         # First slot of a sequence stored in consecutive blocks (read as a view), else None (gather).
@@ -93,6 +109,11 @@ class PagedBatch:
         ks, vs = self.pool.k_slots(layer), self.pool.v_slots(layer)  # (num_slots, Hkv, D)
         ks.index_copy_(0, self._write, k[0].transpose(0, 1).to(ks.dtype))
         vs.index_copy_(0, self._write, v[0].transpose(0, 1).to(vs.dtype))
+        if self.mode == "kernel":
+            qf = q[0].transpose(0, 1)  # (N, H, D), a view
+            out = invariant.attention(qf, ks, vs, ks.stride(0), ks.stride(1), self._k_slots, self._k_slot_off,
+                                      self._k_tok_off, self._k_cached, ks.shape[1])
+            return out.transpose(0, 1)[None]  # (1, H, N, D)
         if self.mode == "padded":
             return self._attend_padded(q, ks, vs)
         outs = []
@@ -117,6 +138,18 @@ class PagedBatch:
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
     # ---- helpers --------------------------------------------------------------------------------
+    def _build_kernel(self) -> None:
+        """Flat key slots of every sequence, in position order, and the offsets the kernel reads."""
+        bs = self.pool.block_size
+        parts = []
+        for table, length in zip(self.tables, self.total, strict=True):
+            pos = np.arange(length)
+            parts.append(np.asarray(table, dtype=np.int64)[pos // bs] * bs + pos % bs)
+        self._k_slots = torch.from_numpy(np.concatenate(parts))
+        self._k_slot_off = torch.tensor([0, *np.cumsum(self.total)], dtype=torch.long)
+        self._k_tok_off = torch.tensor(self.offsets, dtype=torch.long)
+        self._k_cached = torch.tensor(self.cached, dtype=torch.long)
+
     def _seq_mask(self, c: int, n: int) -> torch.Tensor | None:
         """(n, c + n) bool mask for one sequence, or None where SDPA's defaults are exact."""
         if self.mask_fn is None and (n == 1 or c == 0):

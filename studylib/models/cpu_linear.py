@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from studylib.cpuinfo import cpu_flags
 from studylib.errors import StudylibError
+from studylib.models import invariant
 from studylib.models.quant import QuantTensor
 from studylib.models.quant import linear as quant_linear
 
@@ -162,6 +163,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     and block-format weights (``quant.QuantTensor``) go to their own kernel."""
     if type(weight) is QuantTensor:
         return quant_linear(x, weight, bias)
+    if invariant.active() and invariant.applies(x, weight) and not (
+            torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+        return invariant.gemm(x, weight, bias)  # batch-invariant serving (see models.invariant)
     if (
         x.dtype in _STREAM_DTYPES
         and weight.dtype is x.dtype

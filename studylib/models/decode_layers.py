@@ -20,6 +20,7 @@ import os
 import torch
 
 from studylib.errors import StudylibError
+from studylib.models import invariant
 from studylib.models.kv import DenseKVCache
 from studylib.models.quant import FORMATS, QuantTensor, lib
 
@@ -55,7 +56,7 @@ def path(model, kv, rows: int) -> str:
     ok = (wants and type(kv) is DenseKVCache and rows <= MAX_ROWS and not fresh_prefill
           and kv.device.type == "cpu" and kv.k[0].dtype == torch.float32
           and c.num_heads % c.num_kv_heads == 0 and c.head_dim <= 512 and c.head_dim % 2 == 0
-          and enabled() and lib() is not None)
+          and enabled() and not invariant.active() and lib() is not None)
     return "fused" if ok else "torch"
 
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from studylib.errors import StudylibError
+from studylib.models import invariant
 from studylib.models.config import ModelConfig
 
 
@@ -42,6 +43,7 @@ class DenseKVCache:
         self._pos: torch.Tensor | None = None
         self._mask: torch.Tensor | None = None
         self._causal = False
+        self._plain = False
         self.mask_fn = None  # optional (q_pos, k_pos) -> bool mask, set by sparse attention patterns
 
     @property
@@ -90,6 +92,8 @@ class DenseKVCache:
         self.next_pos = self.next_pos + (new_valid if self.padded else n)
 
         self._causal = False
+        # Plain causal attention (query j sees slots 0..s+j): what the batch-invariant kernel computes.
+        self._plain = tree_mask is None and not self.padded and self.mask_fn is None
         if tree_mask is None and not self.padded and self.mask_fn is None and (s == 0 or n == 1):
             # Fast paths: a fresh causal prefill, or a single decode token that sees everything.
             # (n > 1 new tokens after a prefix need the explicit causal mask below: SDPA's is_causal
@@ -126,6 +130,8 @@ class DenseKVCache:
         s, n = self._start, self._n
         self.k[layer][:, :, s : s + n] = k
         self.v[layer][:, :, s : s + n] = v
+        if self._plain and invariant.applies(q, self.k[layer]):
+            return invariant.dense_attention(q, self.k[layer], self.v[layer], s)
         keys, vals = self.k[layer][:, :, : s + n], self.v[layer][:, :, : s + n]
         return F.scaled_dot_product_attention(
             q, keys, vals, attn_mask=self._mask, is_causal=self._causal, enable_gqa=True

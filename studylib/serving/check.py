@@ -18,7 +18,7 @@ from studylib.serving.request import Request
 
 def ar_references(model, requests: Sequence[Request], tokenizer=None, invariant: bool = False) -> list[list[int]]:
     """Greedy tokens of each request decoded alone by ``studylib.decoding.ar``."""
-    ctx = batch_invariant() if invariant else contextlib.nullcontext()
+    ctx = batch_invariant(model.device) if invariant else contextlib.nullcontext()
     with ctx:
         return [ar.generate(model, r.prompt_ids, r.max_new_tokens, tokenizer=tokenizer).token_ids for r in requests]
 

@@ -2,22 +2,26 @@
 
 Batched inference is not bit-reproducible because the kernels' reduction order depends on the batch
 shape: on this CPU, ``F.linear`` over M rows gives rows that differ in the last bits from the same
-rows computed alone (M = 1 takes a GEMV path; rows in the remainder of the GEMM's row blocking take
-another). Greedy argmax then flips wherever two logits are nearly tied, so a batched engine and a
-single-request decoder can disagree (Thinking Machines, "Defeating nondeterminism in LLM inference").
+rows computed alone (M = 1 takes a GEMV path; MKL's GEMM blocking changes with M). Greedy argmax then
+flips wherever two logits are nearly tied, so a batched engine and a single-request decoder can
+disagree (Thinking Machines, "Defeating nondeterminism in LLM inference").
 
-``batch_invariant()`` is a ``TorchFunctionMode`` that re-routes the two shape-sensitive reductions:
-- ``F.linear`` runs one row at a time (always the M = 1 kernel; the runtime's streaming kernel for
-  up to 32 rows is row-invariant already and never reaches ``F.linear``);
-- ``F.scaled_dot_product_attention`` runs one query at a time over exactly the keys it may see,
-  gathered contiguously, with no mask.
+``batch_invariant(device)`` gives a context in which they cannot:
+- on CPU with fp32 weights, ``studylib.models.invariant``'s C kernels (a GEMM with one FMA chain per
+  output, and attention with a fixed per-query reduction): as fast as the stock kernels at serving's
+  batch sizes, so the engine serves with them by default;
+- elsewhere (CUDA, or no C compiler), ``RowByRow``, the pure-PyTorch reference: a
+  ``TorchFunctionMode`` that runs ``F.linear`` one row at a time and ``F.scaled_dot_product_attention``
+  one query at a time over exactly the keys it may see. It costs a Python loop per row: it proves
+  equality, it does not serve.
 Everything else in the model is elementwise or a per-row reduction that does not depend on the batch
-(checked in tests/test_serving.py). Inside the mode, the single-request AR decoder and the engine
-under any policy, batch size, chunking, prefix hit or preemption compute bit-identical logits. It
-costs a Python loop per row: use it to *prove* equality, not to serve.
+(checked in tests/test_serving.py). Inside the context the single-request AR decoder and the engine
+under any policy, batch size, chunking, prefix hit or preemption compute bit-identical logits.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -66,8 +70,8 @@ def sdpa_rows(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
     return out
 
 
-class batch_invariant(TorchFunctionMode):  # noqa: N801 - used as a context manager, like torch.no_grad
-    """``with batch_invariant(): ...`` runs the model with shape-independent linear and attention."""
+class RowByRow(TorchFunctionMode):
+    """``with RowByRow(): ...`` runs the model with row-by-row linear and query-by-query attention."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -76,3 +80,19 @@ class batch_invariant(TorchFunctionMode):  # noqa: N801 - used as a context mana
         if func is F.scaled_dot_product_attention:
             return sdpa_rows(*args, **kwargs)
         return func(*args, **kwargs)
+
+
+def kernels_apply(device: torch.device | str | None) -> bool:
+    """True where ``batch_invariant`` uses the C kernels (CPU, and they compile here)."""
+    from studylib.models import invariant
+
+    if os.environ.get("STUDYLIB_INVARIANT_KERNELS", "on").strip().lower() == "off":
+        return False  # force the pure-PyTorch reference (tests compare the two)
+    return torch.device(device or "cpu").type == "cpu" and invariant.available()[0]
+
+
+def batch_invariant(device: torch.device | str | None = "cpu"):
+    """The batch-invariant context for a model on ``device`` (see the module docstring)."""
+    from studylib.models import invariant
+
+    return invariant.enabled() if kernels_apply(device) else RowByRow()
