@@ -93,6 +93,20 @@ def test_batch_invariant_mode_is_exactly_single_request_ar(tiny, invariant_refs,
         assert engine.pool.num_free == engine.pool.num_blocks
 
 
+def test_the_pure_pytorch_reference_mode_is_also_exactly_single_request_ar(tiny, monkeypatch):
+    # STUDYLIB_INVARIANT_KERNELS=off forces RowByRow (what CUDA or a machine without a C compiler gets).
+    from studylib.serving.invariant import kernels_apply
+
+    monkeypatch.setenv("STUDYLIB_INVARIANT_KERNELS", "off")
+    assert not kernels_apply("cpu")
+    model, _ = tiny
+    base = workload(4, seed=5)
+    refs = ar_references(model, base, invariant=True)
+    reqs = [Request(r.id, r.prompt_ids, r.max_new_tokens) for r in base]
+    serve(model, reqs, batch_invariant=True, **CONFIGS["continuous-radix-chunked-preempt"])
+    assert [r.output_ids for r in reqs] == refs
+
+
 def test_batch_invariant_kernels_are_row_independent():
     torch.manual_seed(0)
     x, w, b = torch.randn(13, 40), torch.randn(24, 40), torch.randn(24)
@@ -384,3 +398,126 @@ def test_c5_needs_both_gains_and_c8_is_measured_per_repeat():
     c8 = inter.judge_c8(good, "c")
     assert c8[0].verdict == HOLDS and c8[1].n == 5
     assert inter.judge_c8(runs(5, 1, 1, 1, radix_ttft=1.0, radix_tpot=0.5), "c")[0].verdict == FAILS
+
+
+# ---- cache-aware admission: the starvation bound ---------------------------------------------------
+
+def interleaved_prompts(n, n_prefix=3, prefix_len=32, seed=0):
+    """Prompts behind ``n_prefix`` shared prefixes in round-robin order (A, B, C, A, B, C, ...)."""
+    import random
+
+    rng = random.Random(seed)
+    stems = [[rng.randrange(3, 259) for _ in range(prefix_len)] for _ in range(n_prefix)]
+    return [stems[i % n_prefix] + [rng.randrange(3, 259) for _ in range(rng.randint(2, 10))] for i in range(n)]
+
+
+def bypass_scheduler(max_bypass, cache_aware=True):
+    from studylib.kvcache import PagedKVPool, make_prefix_cache
+    from studylib.serving import Scheduler, SchedulerConfig
+    from studylib.serving.blocks import BlockManager
+
+    pool = PagedKVPool(load_model("tiny-random")[0].config, block_size=4, num_blocks=64)
+    cfg = SchedulerConfig("continuous", max_running=1, prefix_cache="radix", cache_aware=cache_aware,
+                          max_bypass=max_bypass)
+    return Scheduler(cfg, BlockManager(pool, make_prefix_cache("radix", pool)))
+
+
+def admission_order(sched, prompts):
+    for i, p in enumerate(prompts):
+        sched.add(Request(f"r{i}", p, 2))
+    order = []
+    while sched.has_work():
+        out = sched.schedule()
+        order += [rid for rid in out.num_tokens if rid not in order]
+        sched.update_from_output(out, {rid: 7 for rid in out.num_tokens}, now=0.0)
+    return order
+
+
+@pytest.mark.parametrize("bound", [0, 2, 5])
+def test_cache_aware_admission_bypasses_no_request_more_than_max_bypass(bound):
+    prompts = interleaved_prompts(30)
+    sched = bypass_scheduler(bound)
+    order = admission_order(sched, prompts)
+    assert sorted(order) == sorted(f"r{i}" for i in range(30))
+    assert max(sched.bypassed.values()) == bound  # the bound holds, and binds on this workload
+    if bound == 0:
+        assert order == [f"r{i}" for i in range(30)]  # max_bypass 0 is first come, first served
+    unbounded = bypass_scheduler(10_000)
+    admission_order(unbounded, prompts)
+    assert max(unbounded.bypassed.values()) > 5  # without the bound, the LPM order starves some requests
+
+
+def test_fcfs_bypasses_nobody_and_max_bypass_is_validated():
+    sched = bypass_scheduler(3, cache_aware=False)
+    order = admission_order(sched, interleaved_prompts(12))
+    assert order == [f"r{i}" for i in range(12)] and set(sched.bypassed.values()) == {0}
+    from studylib.serving import SchedulerConfig
+
+    with pytest.raises(StudylibError, match="max_bypass"):
+        SchedulerConfig(max_bypass=-1)
+    with pytest.raises(StudylibError, match="max_bypass"):
+        EngineConfig(max_bypass=1.5)
+
+
+def test_engine_records_bypasses_and_cache_aware_hits_at_least_fcfs(tiny):
+    # Four prefixes of 8 blocks, two requests in flight, a 24-block pool: the cache cannot keep every
+    # prefix, so FCFS (cycling A, B, C, D) evicts each before its next use and LPM regroups them. (With a
+    # pool that holds every prefix, LPM can hit slightly less: it may admit two requests for the same
+    # not-yet-cached prefix in one step, where the interleaved FCFS order never does.)
+    model, _ = tiny
+    prompts = interleaved_prompts(24, n_prefix=4)
+    runs = {}
+    for aware in (False, True):
+        reqs = [Request(f"r{i}", p, 3, ignore_eos=True) for i, p in enumerate(prompts)]
+        _, runs[aware] = serve(model, reqs, prefix_cache="radix", cache_aware=aware, max_bypass=3,
+                               max_running=2, block_size=4, num_blocks=24)
+        assert set(runs[aware].bypassed) == {r.id for r in reqs}
+        assert all(r["bypassed"] == runs[aware].bypassed[r["id"]] for r in runs[aware].records())
+    assert runs[False].summary()["max_bypassed"] == 0
+    assert 0 < runs[True].summary()["max_bypassed"] <= 3
+    assert runs[True].summary()["prefix_hit_rate"] >= runs[False].summary()["prefix_hit_rate"]
+
+
+# ---- KV bytes in the timeline --------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw", [dict(scheduler="continuous"), dict(scheduler="continuous", prefix_cache="radix"),
+                                dict(scheduler="static", max_running=4)])
+def test_timeline_kv_bytes_reserved_cover_live(tiny, kw):
+    from studylib.serving.scheduler import dense_reserved
+
+    model, _ = tiny
+    reqs = workload(12, seed=5)
+    engine, run = serve(model, reqs, block_size=4, **kw)
+    per_token = model.config.kv_bytes_per_token(4)
+    assert engine.kv_token_bytes == per_token
+    for row in run.timeline:
+        assert 0 < row["kv_live_bytes"] <= row["kv_reserved_bytes"]
+        assert row["kv_live_bytes"] % per_token == 0 and row["kv_reserved_bytes"] % per_token == 0
+        if kw["scheduler"] == "continuous" and "prefix_cache" not in kw:
+            # The paged pool wastes less than one block per running sequence (the last, partial one).
+            assert row["kv_reserved_bytes"] - row["kv_live_bytes"] < row["running"] * 4 * per_token
+    if kw["scheduler"] == "static":
+        first = [r for r in reqs if r.first_scheduled_s == min(q.first_scheduled_s for q in reqs)]
+        row = run.timeline[0]  # the first batch's prefill: the whole rectangle, prompts only live
+        assert row["kv_reserved_bytes"] == dense_reserved(first) * per_token
+        assert row["kv_live_bytes"] == sum(len(r.prompt_ids) for r in first) * per_token
+
+
+# ---- bench-serve --num-requests ------------------------------------------------------------------
+
+def test_bench_serve_serves_every_request_of_a_file_by_default(tmp_path, capsys):
+    from studylib.serving.workload import make_workload
+
+    path = tmp_path / "w.jsonl"
+    path.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"question {i}", "max_new_tokens": 2}) + "\n"
+                            for i in range(20)))
+    assert len(make_workload(str(path))) == 20 and len(make_workload("synthetic")) == 16
+    rc = main(["bench-serve", "--model", "tiny-random", "--workload", str(path), "--json"])
+    assert rc == 0 and json.loads(capsys.readouterr().out)["requests"] == 20  # not the first 16
+    rc = main(["bench-serve", "--model", "tiny-random", "--workload", str(path), "--num-requests", "3", "--json"])
+    assert rc == 0 and json.loads(capsys.readouterr().out)["requests"] == 3
+    rc = main(["bench-serve", "--model", "tiny-random", "--workload", "synthetic", "--num-requests", "4",
+               "--max-new-tokens", "2", "--prefix-cache", "radix", "--cache-aware", "--max-bypass", "0", "--json"])
+    assert rc == 0 and json.loads(capsys.readouterr().out)["max_bypassed"] == 0
+    rc = main(["bench-serve", "--model", "tiny-random", "--workload", "synthetic", "--max-bypass", "-1"])
+    assert rc == 2 and "max_bypass" in capsys.readouterr().err

@@ -34,7 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=_rate, default=math.inf,
                    help="mean arrival rate in requests/s (default inf: all at t=0, i.e. saturation)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps (1 = Poisson)")
-    p.add_argument("--num-requests", type=int, default=16)
+    p.add_argument("--num-requests", type=int, default=None,
+                   help="requests to serve (default: every request of a JSONL file, 16 otherwise; "
+                        "with a file, the first N)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="cap on every request's output")
     p.add_argument("--ignore-eos", action="store_true", help="always generate max_new_tokens (vLLM's option)")
     p.add_argument("--seed", type=int, default=0, help="seeds the workload sample and the arrivals")
@@ -42,10 +44,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-running", type=int, default=32, help="requests in flight (static: batch size)")
     p.add_argument("--chunk-size", type=int, default=None, help="longest prefill chunk (default: batch tokens)")
     p.add_argument("--cache-aware", action="store_true", help="admit the longest cached prefix first")
+    p.add_argument("--max-bypass", type=int, default=16,
+                   help="--cache-aware: a request jumped over this many times is admitted next (default 16)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-budget-mib", type=float, default=256.0)
-    p.add_argument("--batch-invariant", action="store_true",
-                   help="bit-exact vs. single-request decoding (row-by-row kernels; slow)")
+    p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
+                   help="bit-exact vs. single-request decoding; default: on where the invariant C kernels "
+                        "apply (fp32 dense weights on CPU), off elsewhere (forcing it there runs the slow "
+                        "row-by-row reference)")
     p.add_argument("--slo-ttft", type=float, default=None, help="goodput SLO on TTFT (s)")
     p.add_argument("--slo-tpot", type=float, default=None, help="goodput SLO on TPOT (s)")
     p.add_argument("--slo-e2el", type=float, default=None, help="goodput SLO on end-to-end latency (s)")
@@ -63,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from studylib.serving.engine import Engine, EngineConfig
     from studylib.serving.workload import make_workload, to_requests
 
-    if args.num_requests < 1:
+    if args.num_requests is not None and args.num_requests < 1:
         raise StudylibError(f"--num-requests must be >= 1, got {args.num_requests}.")
     if args.max_new_tokens < 1:
         raise StudylibError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
@@ -77,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     config = EngineConfig(
         scheduler=args.scheduler, prefix_cache=args.prefix_cache, max_batch_tokens=args.max_batch_tokens,
         max_running=args.max_running, chunk_size=args.chunk_size, cache_aware=args.cache_aware,
-        block_size=args.block_size, kv_budget_mib=args.kv_budget_mib, batch_invariant=args.batch_invariant)
+        max_bypass=args.max_bypass, block_size=args.block_size, kv_budget_mib=args.kv_budget_mib,
+        batch_invariant=args.batch_invariant)
     model, tok = load_model(args.model, args.device, args.dtype, weights=args.weights)
     items = make_workload(args.workload, args.num_requests, args.seed, args.max_new_tokens, tok)
     requests = to_requests(items, tok, rate=args.rate, burstiness=args.burstiness, seed=args.seed,
@@ -117,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.scheduler} / prefix {args.prefix_cache} / rate {args.rate:g} req/s on {model.config.name}: "
               f"{d['requests']} requests, {d['output_tokens']} tokens in {d['duration_s']:.2f} s")
         print(f"  throughput {d['throughput_tok_s']:.1f} tok/s, {d['requests_per_s']:.2f} req/s; "
-              f"prefix hit rate {d['prefix_hit_rate']:.1%}")
+              f"prefix hit rate {d['prefix_hit_rate']:.1%}"
+              + (f"; most bypasses {d['max_bypassed']} (bound {args.max_bypass})" if args.cache_aware else ""))
         for key in ("ttft_s", "tpot_s", "itl_s", "e2el_s"):
             v = d[key]
             if v["mean"] is not None:

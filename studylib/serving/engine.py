@@ -6,8 +6,11 @@
 
 Each step: the scheduler picks ``{request_id: num_tokens}``, the runner executes that as one forward
 (ragged through the paged pool, or a padded rectangle for ``static``), the scheduler commits the
-sampled tokens. Requests that can never be served (longer than the context window or than the whole
-KV budget) are rejected when they arrive, with the reason recorded; the engine keeps serving the rest.
+sampled tokens. The timeline records each step: its time, queue lengths, batch, and the KV memory held
+while its forward ran (``kv_reserved_bytes`` the policy holds, ``kv_live_bytes`` of them holding K/V
+that running requests need; the gap is fragmentation). Requests that can never be served (longer than
+the context window or than the whole KV budget) are rejected when they arrive, with the reason
+recorded; the engine keeps serving the rest.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from studylib.kvcache import PagedKVPool, make_prefix_cache
 from studylib.models import LlamaModel
 from studylib.sampling import SamplingParams
 from studylib.serving.blocks import BlockManager
-from studylib.serving.invariant import batch_invariant
+from studylib.serving.invariant import batch_invariant, kernels_apply
 from studylib.serving.metrics import summarize
 from studylib.serving.request import Request, RequestStatus
 from studylib.serving.runners import DenseBatchRunner, PagedRunner
@@ -43,10 +46,13 @@ class EngineConfig:
     max_running: int = 32
     chunk_size: int | None = None
     cache_aware: bool = False
+    max_bypass: int = 16  # cache_aware: the most times a waiting request may be jumped over
     block_size: int = 16
     kv_budget_mib: float | None = None  # the KV memory budget (default 256 MiB); or give num_blocks
     num_blocks: int | None = None
-    batch_invariant: bool = False  # bit-exact vs. the single-request decoder, at a large cost
+    # Bit-exact vs. the single-request decoder. None = on where the C kernels apply (fp32 dense weights
+    # on CPU), where it costs nothing; True elsewhere falls back to the slow row-by-row reference.
+    batch_invariant: bool | None = None
     attention: str = "auto"  # PagedBatch attention strategy: auto | loop | padded
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
@@ -65,7 +71,7 @@ class EngineConfig:
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(self.scheduler, self.max_batch_tokens, self.max_running, self.chunk_size,
-                               self.prefix_cache, self.cache_aware)
+                               self.prefix_cache, self.cache_aware, self.max_bypass)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -79,17 +85,20 @@ class ServingRun:
 
     requests: list[Request]
     duration_s: float
-    timeline: list[dict]  # one row per step: t, step_s, waiting, running, batch_tokens, kv_used...
+    timeline: list[dict]  # one row per step: t, step_s, waiting, running, batch_tokens, kv_used, kv_*_bytes
     config: dict
     steps: int
     preemptions: int
     cache_metrics: dict | None = None
+    bypassed: dict[str, int] = field(default_factory=dict)  # request id -> times jumped over (cache_aware)
 
     def summary(self, slo: dict | None = None) -> dict:
-        return summarize(self.requests, self.duration_s, slo=slo, steps=self.steps, preemptions=self.preemptions)
+        s = summarize(self.requests, self.duration_s, slo=slo, steps=self.steps, preemptions=self.preemptions)
+        s["max_bypassed"] = max(self.bypassed.values(), default=0)
+        return s
 
     def records(self) -> list[dict]:
-        return [r.record() for r in self.requests]
+        return [{**r.record(), "bypassed": self.bypassed.get(r.id, 0)} for r in self.requests]
 
 
 class Engine:
@@ -99,6 +108,8 @@ class Engine:
         self.eos = frozenset(eos_set(model, tokenizer))
         sc = config.scheduler_config()
         cfg, dev, dt = model.config, model.device, model.dtype
+        # KV bytes one token occupies (all layers, K and V) in this engine's cache dtype.
+        self.kv_token_bytes = cfg.kv_bytes_per_token(torch.empty(0, dtype=dt).element_size())
         budget = None if config.kv_budget_mib is None else int(config.kv_budget_mib * 2**20)
         self.pool: PagedKVPool | None = None
         self.prefix_cache = None
@@ -110,13 +121,18 @@ class Engine:
             self.runner = PagedRunner(model, self.pool, config.sampling, config.attention)
             self.capacity = self.pool.num_slots
         else:
-            per_token = cfg.kv_bytes_per_token(torch.empty(0, dtype=dt).element_size())
-            self.capacity = budget // per_token if budget is not None else config.num_blocks * config.block_size
+            self.capacity = (budget // self.kv_token_bytes if budget is not None
+                             else config.num_blocks * config.block_size)
             self.scheduler = Scheduler(sc, None, dense_capacity=self.capacity)
             self.runner = DenseBatchRunner(model, config.sampling)
+        self.invariant = config.batch_invariant
+        if self.invariant is None:
+            self.invariant = (kernels_apply(dev) and dt == torch.float32
+                              and getattr(model, "weights_format", "dense") == "dense")
         self.t0 = time.perf_counter()
         self.timeline: list[dict] = []
         self.steps = 0
+        self.batch: list[Request] = []  # static: the rows of the padded rectangle now allocated
 
     # ---- requests -------------------------------------------------------------------------------
     def now(self) -> float:
@@ -167,9 +183,12 @@ class Engine:
         out = self.scheduler.schedule()
         if not out:
             return []
-        start = self.now()
         reqs = self.scheduler.requests
-        ctx = batch_invariant() if self.config.batch_invariant else contextlib.nullcontext()
+        if out.new_batch is not None:
+            self.batch = [reqs[rid] for rid in out.new_batch]
+        reserved, live = self.kv_bytes(out)
+        start = self.now()
+        ctx = batch_invariant(self.model.device) if self.invariant else contextlib.nullcontext()
         with ctx:
             if isinstance(self.runner, PagedRunner):
                 batch = [reqs[rid] for rid in out.num_tokens]
@@ -182,13 +201,41 @@ class Engine:
         done = self.scheduler.update_from_output(out, sampled, end)
         if isinstance(self.runner, DenseBatchRunner) and not self.scheduler.running:
             self.runner.reset()
+            self.batch = []
         self.steps += 1
         self.timeline.append({
             "t": end, "step_s": end - start, "waiting": len(self.scheduler.waiting),
             "running": len(self.scheduler.running) + len(done), "batch_seqs": len(out.num_tokens),
             "batch_tokens": out.total_tokens, "preempted": len(out.preempted), "kv_used": self.kv_used(),
+            "kv_reserved_bytes": reserved, "kv_live_bytes": live,
         })
         return done
+
+    def kv_bytes(self, out) -> tuple[int, int]:
+        """(reserved, live) KV bytes while the step ``out`` runs, after its blocks were allocated.
+
+        Reserved: what the policy holds. Paged: pool blocks in use (running requests and the prefix
+        cache) x bytes per block. Static: the padded rectangle the batch was given, rows x (longest
+        prompt + longest output), held until the whole batch ends, finished rows included.
+        Live: slots holding K/V of running requests once this step has written, i.e. their computed
+        tokens plus the ones this step computes. A block shared through the prefix cache is counted
+        once (these are physical bytes), so live <= reserved; without sharing it is the sum over running
+        requests of their tokens."""
+        per_token = self.kv_token_bytes
+        running = self.scheduler.running
+        if self.pool is None:
+            live = sum(r.num_computed + out.num_tokens.get(r.id, 0) for r in running)
+            return (dense_reserved(self.batch) if self.batch else 0) * per_token, live * per_token
+        bs = self.pool.block_size
+        # Only full blocks are ever shared (prefix hits are whole blocks); a request's last, partial
+        # block is its own. So: each distinct full block once, plus every partial block's tokens.
+        full: set[int] = set()
+        partial = 0
+        for r in running:
+            n = r.num_computed + out.num_tokens.get(r.id, 0)
+            full.update(r.block_table[: n // bs])
+            partial += n % bs
+        return self.pool.num_used * bs * per_token, (len(full) * bs + partial) * per_token
 
     def kv_used(self) -> float:
         """Fraction of the KV budget in use: pool blocks held (prefix cache included) for the paged
@@ -206,6 +253,7 @@ class Engine:
         pending = deque(sorted(requests, key=lambda r: r.arrival_s))
         self.t0 = time.perf_counter()
         self.timeline, self.steps = [], 0
+        self.batch = []
         bar = progress_bar(total=len(pending), progress=progress, desc=f"serve[{self.config.scheduler}]", leave=False)
         while pending or self.has_work():
             now = self.now()
@@ -219,5 +267,7 @@ class Engine:
         bar.close()
         ends = [r.finished_s for r in requests if r.finished_s is not None]
         metrics = self.prefix_cache.metrics.as_dict() if self.prefix_cache is not None else None
-        return ServingRun(list(requests), max(ends, default=self.now()), self.timeline, self.config.to_dict(),
-                          self.steps, self.scheduler.num_preemptions, metrics)
+        bypassed = {r.id: self.scheduler.bypassed.get(r.id, 0) for r in requests}
+        config = {**self.config.to_dict(), "batch_invariant": self.invariant}  # as resolved
+        return ServingRun(list(requests), max(ends, default=self.now()), self.timeline, config,
+                          self.steps, self.scheduler.num_preemptions, metrics, bypassed)

@@ -84,7 +84,8 @@ def summarize(requests: Sequence[Request], duration_s: float, slo: Mapping[str, 
 
 
 def timeline_frame(timeline: Sequence[Mapping]):
-    """The per-step time series as a DataFrame (t, waiting, running, batch_tokens, kv_used, ...)."""
+    """The per-step time series as a DataFrame (t, waiting, running, batch_tokens, kv_used, kv_reserved_bytes,
+    kv_live_bytes, ...)."""
     import pandas as pd
 
     return pd.DataFrame(list(timeline))

@@ -13,6 +13,12 @@ preemption, or 1 for a decode step. Policies:
 - ``continuous``: iteration-level scheduling (Orca): running requests are served first, then waiting
   ones are admitted into the same step while others decode, within the token budget.
 
+Admission order is first come, first served, except with ``cache_aware`` (SGLang's longest-prefix-match
+order): the waiting request with the longest cached prefix goes first. That order can starve a request
+whose prefix is never cached, so it is bounded: every admission that jumps over a waiting request counts
+one bypass against it, and a request bypassed ``max_bypass`` times is admitted next, whatever its hits
+(``Scheduler.bypassed`` holds the counts). Preempted requests always go first.
+
 ``sequential`` and ``continuous`` run on the paged pool and may use the prefix cache; ``static`` runs
 on a dense padded cache (see ``engine.DenseBatchRunner``).
 """
@@ -37,6 +43,7 @@ class SchedulerConfig:
     chunk_size: int | None = None  # longest prefill chunk; None = max_batch_tokens
     prefix_cache: str = "none"  # "radix" | "none"
     cache_aware: bool = False  # admit the waiting request with the longest cached prefix first
+    max_bypass: int = 16  # cache_aware: a request jumped over this many times is admitted next (FCFS)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -45,6 +52,9 @@ class SchedulerConfig:
             raise StudylibError(f"unknown prefix cache {self.prefix_cache!r}; choose radix or none.")
         if self.max_batch_tokens < 1 or self.max_running < 1:
             raise StudylibError("max_batch_tokens and max_running must be >= 1.")
+        if isinstance(self.max_bypass, bool) or not isinstance(self.max_bypass, int) or self.max_bypass < 0:
+            raise StudylibError(f"max_bypass must be an integer >= 0 (0 = first come, first served), "
+                                f"got {self.max_bypass!r}.")
         if self.chunk_size is None:
             self.chunk_size = self.max_batch_tokens
         if not 1 <= self.chunk_size <= self.max_batch_tokens:
@@ -100,6 +110,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        # request id -> how many admissions jumped over it while it waited (cache-aware order only)
+        self.bypassed: dict[str, int] = {}
 
     # ---- queue management -----------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -107,6 +119,7 @@ class Scheduler:
             raise StudylibError(f"request id {req.id!r} is already in the engine; ids must be unique.")
         req.status = RequestStatus.WAITING
         self.requests[req.id] = req
+        self.bypassed[req.id] = 0
         self.waiting.append(req)
 
     def abort(self, request_id: str, now: float) -> Request | None:
@@ -157,6 +170,7 @@ class Scheduler:
             n = self.blocks.admit(req, min(cfg.chunk_size, budget))
             if n is None:
                 break  # the pool is full: wait for running requests to finish
+            self._count_bypasses(req)
             self.waiting.remove(req)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
@@ -167,7 +181,13 @@ class Scheduler:
     def _next_waiting(self) -> Request:
         head = self.waiting[0]
         if not self.config.cache_aware or head.num_preemptions:
-            return head  # preempted requests go first, so nobody is starved by the cache-aware order
+            return head  # preempted requests (all at the front) go first
+        # The starvation bound: the first request (queue order) bypassed max_bypass times goes next.
+        # Everything ahead of it has been bypassed fewer times, so no count ever exceeds the bound.
+        limit = self.config.max_bypass
+        for req in self.waiting:
+            if self.bypassed.get(req.id, 0) >= limit:
+                return req
         # Longest usable cached prefix first (SGLang's LPM); ties keep arrival order.
         best, best_hit = head, -1
         for req in self.waiting:
@@ -175,6 +195,13 @@ class Scheduler:
             if hit > best_hit:
                 best, best_hit = req, hit
         return best
+
+    def _count_bypasses(self, admitted: Request) -> None:
+        """``admitted`` leaves the queue now: each request waiting ahead of it was jumped over once."""
+        for req in self.waiting:
+            if req is admitted:
+                return
+            self.bypassed[req.id] = self.bypassed.get(req.id, 0) + 1
 
     def _preempt(self, req: Request) -> None:
         """Preemption by recompute: drop the KV, keep the generated tokens, requeue at the front."""

@@ -126,17 +126,22 @@ def synthetic_workload(n: int, seed: int = 0, vocab: int = 259, prompt_len: tupl
     return items
 
 
-def make_workload(name: str, n: int, seed: int = 0, max_new_tokens: int = 64, tokenizer=None,
+DEFAULT_NUM_REQUESTS = 16
+
+
+def make_workload(name: str, n: int | None = None, seed: int = 0, max_new_tokens: int = 64, tokenizer=None,
                   max_chars: int | None = None) -> list[WorkloadItem]:
-    """A named workload ("synthetic", a data set name) or a JSONL file path."""
+    """A named workload ("synthetic", a data set name) or a JSONL file path. ``n`` requests; None means
+    every request of a file, ``DEFAULT_NUM_REQUESTS`` of a data set or the synthetic generator."""
+    if n is not None and n < 1:
+        raise StudylibError(f"the number of requests must be >= 1, got {n}.")
+    if name != "synthetic" and (name.endswith(".jsonl") or Path(name).is_file()):
+        items = read_workload(name)
+        return items if n is None else items[:n]
+    n = DEFAULT_NUM_REQUESTS if n is None else n
     if name == "synthetic":
         return synthetic_workload(n, seed, vocab=getattr(tokenizer, "vocab_size", 259) or 259,
                                   output_len=(max(1, max_new_tokens // 2), max_new_tokens))
-    if name.endswith(".jsonl") or Path(name).is_file():
-        items = read_workload(name)
-        if n is not None and n < len(items):
-            items = items[:n]
-        return items
     return dataset_workload(name, n, seed, max_new_tokens, tokenizer, max_chars)
 
 
