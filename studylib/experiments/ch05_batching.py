@@ -13,9 +13,11 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+import torch
 
 from studylib.bench.stats import ratio_estimate, rotated
 from studylib.claims import Verdict, decide_parts, judge_at_least
+from studylib.errors import StudylibError
 from studylib.progress import progress_bar
 from studylib.serving import Engine, EngineConfig
 from studylib.serving.check import ar_references, divergence
@@ -104,6 +106,74 @@ def rate_sweep(model, tokenizer, items: Sequence[WorkloadItem], rates: Iterable[
     return pd.DataFrame(rows), timelines, outputs
 
 
+def parse_arm(name: str) -> tuple[str, str]:
+    """``continuous+radix`` -> ("continuous", "radix"); ``static`` -> ("static", "none")."""
+    sched, _, prefix = name.partition("+")
+    if sched not in ("sequential", "static", "continuous") or prefix not in ("", "radix"):
+        raise StudylibError(f"unknown arm {name!r}; use sequential, static or continuous, optionally +radix "
+                            "(static cannot share KV blocks).")
+    if sched == "static" and prefix:
+        raise StudylibError("static+radix is not an arm: static batching's dense padded cache cannot share KV blocks.")
+    return sched, prefix or "none"
+
+
+def saturation_runs(model, tokenizer, items: Sequence[WorkloadItem], arms: Sequence[str], repeats: int,
+                    seed: int = 0, engine: Mapping | None = None, slo: Mapping | None = None,
+                    split_sequential: bool = True) -> tuple[pd.DataFrame, dict, dict]:
+    """Every arm with all ``items`` queued at t = 0 (saturation), ``repeats`` times, arms interleaved in
+    an order that rotates per repeat (one repeat = one unit of the throughput CIs).
+
+    ``split_sequential``: the one-at-a-time arms serve a different ``1/repeats`` share of the requests
+    in each repeat (request i in repeat i mod repeats), so that over the repeats they serve every request
+    exactly once. One request at a time, requests do not interact: the share's tokens over its time is
+    that arm's throughput, and the whole set costs one pass instead of ``repeats`` (on a CPU that pass
+    is most of the chapter's time). Its per-repeat throughput then also varies with the share's mix,
+    which widens, never narrows, the CI of every gain over it.
+
+    Returns (one row per run, the first repeat's timeline per arm, {arm: {request id: greedy tokens}})."""
+    arms = [parse_arm(a) for a in arms]
+    rows, timelines, outputs = [], {}, {}
+    plan = [(s, p, k) for k in range(repeats) for s, p in rotated(arms, k)]
+    for sched, prefix, k in progress_bar(plan, desc="ch05 saturation", leave=False):
+        arm = arm_name(sched, prefix)
+        share = list(items[k::repeats]) if split_sequential and sched == "sequential" else list(items)
+        if not share:
+            continue
+        reqs, run = serve(model, tokenizer, share, sched, prefix, math.inf, seed, engine)
+        row = _row(arm, sched, prefix, math.inf, k, run.summary(slo), run)
+        row["requests"] = len(share)
+        rows.append(row)
+        if k == 0:
+            timelines[(arm, math.inf)] = pd.DataFrame(run.timeline)
+        outputs.setdefault(arm, {}).update({r.id: list(r.output_ids) for r in reqs})
+    return pd.DataFrame(rows), timelines, outputs
+
+
+def single_request_tpot(runs: pd.DataFrame, arm: str = "sequential") -> float:
+    """Median TPOT of one-at-a-time serving at saturation: the machine's single-request decode speed."""
+    sat = runs[np.isinf(runs["rate"]) & (runs["arm"] == arm)]
+    if not len(sat):
+        raise StudylibError(f"no saturation run of {arm!r} to measure single-request TPOT from.")
+    return float(sat["tpot_p50_s"].median())
+
+
+def scaled_slo(runs: pd.DataFrame, tpot_factor: float, ttft_over_tpot: float = 450 / 40) -> dict:
+    """The SLO, scaled from MLPerf's interactive limits to this model and machine: TPOT p99 <=
+    ``tpot_factor`` x this machine's single-request TPOT (a user tolerates that much slowdown from
+    batching), and TTFT p99 <= ``ttft_over_tpot`` x that TPOT limit, the ratio of MLPerf's interactive
+    limits (TTFT 450 ms, TPOT 40 ms for Llama-2-70B interactive)."""
+    tpot = tpot_factor * single_request_tpot(runs)
+    return {"ttft_s": round(ttft_over_tpot * tpot, 4), "tpot_s": round(tpot, 4)}
+
+
+def request_rate(runs: pd.DataFrame, arm: str) -> float:
+    """Median completed requests per second of ``arm`` at saturation: its service rate."""
+    sat = runs[np.isinf(runs["rate"]) & (runs["arm"] == arm)]
+    if not len(sat):
+        raise StudylibError(f"no saturation run of {arm!r}.")
+    return float(sat["requests_per_s"].median())
+
+
 def relative_rates(saturation: pd.DataFrame, multiples: Iterable[float], base_arm: str = "sequential") -> list[float]:
     """Arrival rates as multiples of ``base_arm``'s request throughput at saturation (its capacity), so
     "light" and "overload" mean the same on any machine: 0.5 is light for every policy, 1 saturates
@@ -177,13 +247,23 @@ def utilisation(timelines: Mapping, rate: float) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["t", "arm", "metric", "value"])
 
 
-def equality(model, tokenizer, items: Sequence[WorkloadItem], outputs: Mapping[str, list], n: int) -> pd.DataFrame:
-    """Greedy outputs of the first ``n`` requests under each arm vs. the single-request AR decoder."""
+def equality(model, tokenizer, items: Sequence[WorkloadItem], outputs: Mapping[str, Mapping | list], n: int,
+             invariant: bool | None = None) -> pd.DataFrame:
+    """Greedy outputs of the first ``n`` requests under each arm vs. the single-request AR decoder.
+    ``outputs[arm]`` maps request id -> tokens (or is a list aligned with ``items``); requests an arm did
+    not serve are skipped. ``invariant`` (default: as the engine resolves it for this model) runs the
+    reference under the same batch-invariant kernels the engine used."""
+    from studylib.serving.invariant import kernels_apply
+
+    if invariant is None:
+        invariant = kernels_apply(model.device) and model.dtype == torch.float32
     reqs = to_requests(list(items[:n]), tokenizer)
-    refs = ar_references(model, reqs, tokenizer)
+    refs = dict(zip([r.id for r in reqs], ar_references(model, reqs, tokenizer, invariant=invariant), strict=True))
     rows = []
     for arm, outs in outputs.items():
-        d = divergence(outs[:n], refs)
+        by_id = outs if isinstance(outs, Mapping) else {it.id: o for it, o in zip(items, outs, strict=False)}
+        ids = [r.id for r in reqs if r.id in by_id]
+        d = divergence([by_id[i] for i in ids], [refs[i] for i in ids])
         rows.append({"arm": arm, "requests": d["requests"], "identical": d["identical"],
                      "divergence_rate": d["divergence_rate"], "first_divergence": d["first_divergence"]})
     return pd.DataFrame(rows)
@@ -241,3 +321,23 @@ def explain_gains(gains: pd.DataFrame, curve: pd.DataFrame) -> str:
         parts.append(f"with a mean of {sat.loc['continuous', 'mean_batch']:.1f} sequences per forward pass")
     return "; ".join(parts) + ". The ceiling on this gain is how much cheaper one batched step is than the same " \
         "tokens run one at a time (the step-time curve below), which scheduling can approach but not exceed."
+
+
+def c7_record(gains: pd.DataFrame, runs: pd.DataFrame, conditions: str, treated: str = "continuous+radix") -> dict:
+    """What chapter 7 reads for C7's throughput row: each arm's saturation throughput gain over sequential
+    serving (paired by repeat), with its CI and n."""
+    rows = []
+    sat = runs[np.isinf(runs["rate"])]
+    for arm in sat["arm"].unique():
+        tput = float(sat[sat["arm"] == arm]["throughput_tok_s"].median())
+        est = _gain(gains, arm, "sequential") if arm != "sequential" else None
+        if arm != "sequential" and est is None:
+            b = sat[sat["arm"] == "sequential"].sort_values("repeat")["throughput_tok_s"].to_numpy()
+            t = sat[sat["arm"] == arm].sort_values("repeat")["throughput_tok_s"].to_numpy()
+            n = min(len(b), len(t))
+            est = ratio_estimate(1 / b[:n], 1 / t[:n]) if n else None
+        rows.append({"arm": arm, "throughput_tok_s": tput,
+                     "gain": 1.0 if arm == "sequential" else (est.value if est else None),
+                     "ci": [1.0, 1.0] if arm == "sequential" else ([est.ci_low, est.ci_high] if est else None),
+                     "repeats": int((sat["arm"] == arm).sum())})
+    return {"treated": treated, "baseline": "sequential", "conditions": conditions, "arms": rows}

@@ -80,3 +80,22 @@ def plot_c8(c8: pd.DataFrame):
     _plain(ax)
     ax.legend(fontsize="x-small")
     return fig
+
+
+def plot_capacity(probes: pd.DataFrame, slo: dict):
+    """The capacity search's probes: p99 TTFT and p99 TPOT against the arrival rate, the SLO as lines."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    g = probes.sort_values("rate")
+    for ax, y, key, title in zip(axes, ("ttft_p99_s", "tpot_p99_s"), ("ttft_s", "tpot_s"),
+                                 ("p99 time to first token", "p99 time per output token"), strict=True):
+        colors = ["#2a9d8f" if m else "#e76f51" for m in g["met"]]
+        ax.plot(g["rate"], g[y], "-", color="0.6", zorder=1)
+        ax.scatter(g["rate"], g[y], c=colors, s=40, zorder=2)
+        ax.axhline(slo[key], ls="--", color="0.3", lw=1)
+        ax.annotate("SLO", (g["rate"].min(), slo[key]), textcoords="offset points", xytext=(0, 4), fontsize="small")
+        ax.set(xlabel="arrival rate (requests / s)", ylabel="seconds", title=title)
+    axes[0].text(0.02, 0.95, "green: inside the SLO, red: outside", transform=axes[0].transAxes, va="top",
+                 fontsize="small")
+    fig.suptitle(f"Capacity search, {g['arm'].iloc[0]}", fontsize="medium")
+    fig.tight_layout()
+    return fig

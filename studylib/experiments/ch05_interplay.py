@@ -231,3 +231,14 @@ def explain_c8(c8: pd.DataFrame, gamma: int) -> str:
             f"{int(a.batch)} and {b.verify_over_step:.2f}x at batch {int(b.batch)}; the modelled speculative gain "
             f"goes from {a.speculative_gain:.2f}x to {b.speculative_gain:.2f}x ({trend} over this range), while "
             f"batching alone gives {b.batching_gain:.2f}x the batch-{int(a.batch)} throughput at batch {int(b.batch)}.")
+
+
+def vllm_status(vllm: dict | None, out_dir: str | Path) -> str:
+    """A sentence saying whether the vLLM peer ran on these requests, and how to run it if not."""
+    where = reports_folder(out_dir) / "peers" / "vllm_cpu.json"
+    if vllm is None:
+        return (f"vLLM CPU: not measured here ({where} is absent). It runs from its own virtual environment on the "
+                "requests exported below; see `benchmarks/peers/README.md`.")
+    n = vllm.get("requests")
+    return (f"vLLM CPU {vllm.get('vllm_version', '')}: read from {where.name}, {n} requests served "
+            f"{'with' if vllm.get('prefix_caching') else 'without'} prefix caching.")

@@ -491,3 +491,75 @@ def chunked_prefill_itl(model, tokenizer, decode_items: Sequence[WorkloadItem], 
                      "long_ttft_max_s": float(ttft.max()) if ttft.size else math.nan,
                      "long_prefill_steps": max(prefill_steps, default=0), "steps": eng.steps})
     return pd.DataFrame(rows)
+
+
+# ---- reading the results ---------------------------------------------------------------------------
+
+def long_prompt_items(tokenizer, n: int, tokens: int, seed: int = 0, max_new_tokens: int = 4) -> list[WorkloadItem]:
+    """``n`` long prompts of about ``tokens`` tokens (NarrativeQA stories as the system prompt, one short
+    question), for the chunked-prefill comparison."""
+    systems = system_prompts(tokenizer, n, tokens, seed + 7)
+    return [WorkloadItem(f"long-{i}", max_new_tokens, messages=[
+        {"role": "system", "content": s}, {"role": "user", "content": "Summarise the story in one sentence."}])
+        for i, s in enumerate(systems)]
+
+
+def capacity_vs_sequential(cap: Capacity, saturation: pd.DataFrame, baseline: str = "sequential") -> pd.DataFrame:
+    """The searched arm's capacity beside sequential serving's, bounded from its saturation runs.
+
+    One request at a time, sequential serving completes at most its saturation request rate (its
+    service rate, the median over repeats); arrivals any faster grow its queue without limit, so its
+    capacity under any SLO is at most that rate. capacity / that rate is therefore a lower bound on the
+    capacity gain, and it needs no search of the slow arm (a sweep at its rates would take minutes per
+    probe). A single search: no CI (``capacity_table``'s caveat)."""
+    sat = saturation[np.isinf(saturation["rate"]) & (saturation["arm"] == baseline)]
+    if not len(sat):
+        raise StudylibError(f"no saturation run of {baseline!r} to bound its capacity by.")
+    service = float(sat["requests_per_s"].median())
+    table = capacity_table([cap])
+    table["sequential_service_rate_req_s"] = service
+    table["capacity_gain_at_least"] = [c / service if c is not None else None for c in table["capacity_req_s"]]
+    return table.drop(columns=["baseline", "capacity_vs_baseline"])
+
+
+def explain_capacity(cap: Capacity, saturation: pd.DataFrame, slo: Mapping, tpot_factor: float) -> str:
+    t = capacity_vs_sequential(cap, saturation).iloc[0]
+    head = (f"SLO: p99 TPOT <= {slo['tpot_s'] * 1e3:.0f} ms ({tpot_factor:g}x this machine's single-request TPOT) "
+            f"and p99 TTFT <= {slo['ttft_s']:.2f} s (MLPerf's interactive TTFT:TPOT ratio of 450:40). ")
+    if cap.capacity is None:
+        return head + (f"{cap.arm} missed the SLO even at the lowest probed rate, "
+                       f"{cap.probes['rate'].min():.2f} requests/s, so its capacity is below that.")
+    bound = "at least " if cap.censored else ""
+    return head + (f"{cap.arm} sustains {bound}{cap.capacity:.2f} requests/s inside it "
+                   f"({len(cap.probes)} probes of {int(cap.probes['requests'].iloc[0])} requests); sequential "
+                   f"serving completes at most {t.sequential_service_rate_req_s:.2f} requests/s, so the capacity "
+                   f"gain is at least {t.capacity_gain_at_least:.1f}x.")
+
+
+def latency_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per arm: requests, median and p99 end-to-end latency and TTFT, median TPOT."""
+    out = []
+    for arm, g in rows.groupby("arm", sort=False):
+        e, t, p = g["e2el_s"].dropna(), g["ttft_s"].dropna(), g["tpot_s"].dropna()
+        out.append({"arm": arm, "rate_req_s": float(g["rate"].iloc[0]), "requests": len(g),
+                    "completed": int((g["status"] == "finished").sum()),
+                    "e2el_p50_s": float(e.median()), "e2el_p99_s": float(np.percentile(e, 99)),
+                    "ttft_p50_s": float(t.median()), "ttft_p99_s": float(np.percentile(t, 99)),
+                    "tpot_p50_s": float(p.median()) if len(p) else None})
+    return pd.DataFrame(out)
+
+
+def explain_latency(rows: pd.DataFrame, est: Estimate, rate: float, load: float) -> str:
+    t = latency_table(rows).set_index("arm")
+    seq, ours = t.loc["sequential"], t.loc["continuous+radix"]
+    return (f"At {rate:.2f} requests/s ({load:g}x sequential serving's service rate), the median request waits "
+            f"{seq.e2el_p50_s:.2f} s end to end when served one at a time and {ours.e2el_p50_s:.2f} s with "
+            f"continuous batching and the prefix cache: {est.value:.2f}x [{est.ci_low:.2f}, {est.ci_high:.2f}] "
+            f"(bootstrap over n = {est.n} requests, paired).")
+
+
+def latency_record(rows: pd.DataFrame, est: Estimate, rate: float, load: float) -> dict:
+    """What chapter 7 reads for C7's latency-under-load row."""
+    return {"rate_req_s": rate, "load_vs_sequential_service_rate": load, "treated": "continuous+radix",
+            "baseline": "sequential", "value": est.value, "ci": [est.ci_low, est.ci_high], "n": est.n,
+            "unit": "requests", "table": latency_table(rows).to_dict("records")}

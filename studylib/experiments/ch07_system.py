@@ -237,3 +237,29 @@ def sparse_vs_context(model, spec: str, contexts: Sequence[int], steps: int = 4,
                      "sparse_ms": 1e3 * float(np.median(times["sparse"])), "speedup": e.value,
                      "low": e.ci_low, "high": e.ci_high, "steps": len(times["dense"])})
     return pd.DataFrame(rows)
+
+
+def serving_from_chapter5(out_dir: str | Path) -> dict | None:
+    """C7's serving numbers as chapter 5 measured them, or None when chapter 5 has not run here.
+
+    Chapter 5 serves 64+ requests at saturation in interleaved whole-run repeats, and measures the
+    end-to-end latency a user sees at a given Poisson arrival rate; re-measuring a smaller version here
+    would cost minutes and decide less. Returns {"tput": runs, "tsum": per-policy gains (this chapter's
+    columns), "serving": the conditions sentence, "under_load": the latency-under-load record}."""
+    data = chapter_json(out_dir, 5)
+    meas = (data or {}).get("measurements") or {}
+    rec, load = meas.get("serving_for_c7"), meas.get("latency_under_load")
+    if not rec or not rec.get("arms"):
+        return None
+    name = {"continuous+radix": BEST_POLICY, "sequential": "sequential"}
+    rows = []
+    for a in rec["arms"]:
+        ci = a.get("ci") or [None, None]
+        rows.append({"policy": name.get(a["arm"], a["arm"]), "throughput_tok_s": a["throughput_tok_s"],
+                     "gain": a["gain"], "gain_low": ci[0], "gain_high": ci[1], "repeats": a["repeats"]})
+    tsum = pd.DataFrame(rows)
+    runs = pd.DataFrame(meas.get("runs") or [])
+    n = int(runs["requests"].max()) if "requests" in runs else None
+    serving = (f"throughput measured in chapter 5 ({rec['conditions']}), baseline: the serving engine one request at a "
+               f"time; {n} requests per saturation run, {int(tsum['repeats'].max())} interleaved repeats")
+    return {"tput": runs, "tsum": tsum, "serving": serving, "under_load": load}
