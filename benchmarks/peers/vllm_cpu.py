@@ -2,12 +2,19 @@
 
 Runs in its own virtual environment (see README.md here), never in CI, and imports nothing from
 studylib: the chapter exports its requests as token ids (``<out_dir>/peers/ch05_requests.jsonl``), this
-script serves them all at t = 0 (saturation, vLLM's offline ``LLM.generate``), greedy, and writes a
-summary the notebook shows beside our arms (``<out_dir>/peers/vllm_cpu.json``).
+script serves them all at t = 0 (saturation, vLLM's offline ``LLM.generate``), greedy, and, with ``--rates``,
+again at each seeded Poisson arrival rate through vLLM's engine loop (requests added when they arrive,
+token times taken as each step returns them, the way our engine measures). It writes a summary the
+notebook shows beside our arms (``<out_dir>/peers/vllm_cpu.json``).
+
+The Poisson arrivals are the ones ``studylib.serving.workload.arrival_times(n, rate, 1.0, seed)`` draws
+(first request at 0, then numpy ``default_rng(seed).gamma(1, 1 / rate)`` gaps), re-implemented here so
+that this script imports nothing from studylib; chapter 5 serves the same requests at the same times.
 
     .venv-vllm/bin/python benchmarks/peers/vllm_cpu.py --model "$(.venv/bin/python -c \
         'from studylib.models import model_dir; print(model_dir("smollm2-135m"))')" \
-        --requests reports/cpu/peers/ch05_requests.jsonl --out reports/cpu/peers/vllm_cpu.json
+        --requests reports/cpu/peers/ch05_requests.jsonl --out reports/cpu/peers/vllm_cpu.json \
+        --rates 2,4 --max-num-seqs 64 --prefix-caching
 """
 
 from __future__ import annotations
@@ -45,6 +52,57 @@ def percentiles(values: list[float]) -> dict:
     return {"mean": float(np.mean(values)), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
+def arrival_times(n: int, rate: float, seed: int) -> list[float]:
+    import numpy as np
+
+    gaps = np.random.default_rng(seed).gamma(1.0, 1.0 / rate, size=n - 1)
+    return [0.0] + np.cumsum(gaps).tolist()
+
+
+def serve_online(llm, reqs: list[dict], rate: float, seed: int) -> dict:
+    """Serve ``reqs`` arriving as a seeded Poisson process at ``rate`` requests/s through vLLM's engine
+    loop; TTFT, TPOT and end-to-end latency per request from the wall clock of this loop. Every request
+    produces its full budget (EOS ignored), as chapter 5's runs at these rates do, so both engines do
+    the same work whatever their greedy tokens."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    engine = llm.llm_engine
+    times = arrival_times(len(reqs), rate, seed)
+    pending = list(zip(times, reqs, strict=True))
+    seen: dict[str, list[float]] = {}
+    counts: dict[str, int] = {}
+    done: dict[str, float] = {}
+    t0 = time.perf_counter()
+    while pending or engine.has_unfinished_requests():
+        now = time.perf_counter() - t0
+        while pending and pending[0][0] <= now:
+            _, r = pending.pop(0)
+            engine.add_request(r["id"], TokensPrompt(prompt_token_ids=r["prompt_token_ids"]),
+                               SamplingParams(temperature=0.0, max_tokens=r["max_new_tokens"], ignore_eos=True))
+            seen[r["id"]], counts[r["id"]] = [], 0
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, pending[0][0] - (time.perf_counter() - t0)))
+            continue
+        outs = engine.step()
+        now = time.perf_counter() - t0
+        for o in outs:
+            n = len(o.outputs[0].token_ids)
+            seen[o.request_id] += [now] * (n - counts[o.request_id])
+            counts[o.request_id] = n
+            if o.finished:
+                done[o.request_id] = now
+    arrival = {r["id"]: t for t, r in zip(times, reqs, strict=True)}
+    ttft = [seen[i][0] - arrival[i] for i in seen if seen[i]]
+    tpot = [(seen[i][-1] - seen[i][0]) / (len(seen[i]) - 1) for i in seen if len(seen[i]) > 1]
+    e2el = [done[i] - arrival[i] for i in done]
+    tokens = sum(counts.values())
+    duration = max(done.values()) if done else float("nan")
+    return {"rate_req_s": rate, "seed": seed, "requests": len(reqs), "completed": len(done), "output_tokens": tokens,
+            "duration_s": duration, "throughput_tok_s": tokens / duration, "ttft_s": percentiles(ttft),
+            "tpot_s": percentiles(tpot), "e2el_s": percentiles(e2el)}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="HF-format checkpoint directory (studylib.models.model_dir)")
@@ -55,9 +113,18 @@ def main() -> int:
     p.add_argument("--max-num-batched-tokens", type=int, default=512, help="like our --max-batch-tokens")
     p.add_argument("--prefix-caching", action="store_true", help="enable vLLM's automatic prefix caching")
     p.add_argument("--kv-cache-gib", type=float, default=1.0, help="VLLM_CPU_KVCACHE_SPACE equivalent")
+    p.add_argument("--rates", default="", help="comma-separated Poisson arrival rates (requests/s) to serve the "
+                   "requests at, after the saturation run (e.g. 2,4)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the Poisson arrivals (the chapter's seed)")
     p.add_argument("--threads", type=int, default=2,
                    help="OpenMP threads for the model, bound to cores 0..N-1 (the chapter's own thread count)")
     args = p.parse_args()
+    try:
+        rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    except ValueError:
+        sys.exit(f"--rates must be comma-separated numbers of requests/s, got {args.rates!r}")
+    if any(not r > 0 for r in rates):
+        sys.exit(f"--rates must be > 0 requests/s, got {args.rates!r}")
 
     import os
 
@@ -103,7 +170,9 @@ def main() -> int:
         "duration_s": duration, "throughput_tok_s": sum(tokens) / duration, "requests_per_s": len(reqs) / duration,
         "prefix_caching": args.prefix_caching, "max_num_seqs": args.max_num_seqs, "threads": args.threads,
         "ttft_s": percentiles(ttft), "tpot_s": percentiles(tpot),
-        "tpot_p99_s": percentiles(tpot)["p99"], "token_ids": {r["id"]: list(o.outputs[0].token_ids)
+        "tpot_p99_s": percentiles(tpot)["p99"],
+        "poisson": [serve_online(llm, reqs, rate, args.seed) for rate in rates],
+        "token_ids": {r["id"]: list(o.outputs[0].token_ids)
                                                             for r, o in zip(reqs, outs, strict=True)},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

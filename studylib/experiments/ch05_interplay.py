@@ -242,3 +242,25 @@ def vllm_status(vllm: dict | None, out_dir: str | Path) -> str:
     n = vllm.get("requests")
     return (f"vLLM CPU {vllm.get('vllm_version', '')}: read from {where.name}, {n} requests served "
             f"{'with' if vllm.get('prefix_caching') else 'without'} prefix caching.")
+
+
+def peer_rates_table(ours: pd.DataFrame, vllm: dict | None) -> pd.DataFrame:
+    """Our continuous+radix engine and vLLM CPU at the same seeded Poisson rates on the same requests:
+    throughput, p99 TTFT, p99 TPOT and median end-to-end latency per (system, rate). ``ours`` holds the
+    per-request rows of ``ch05_load.latency_under_load`` at each rate; vLLM's rows come from its JSON
+    (``benchmarks/peers/vllm_cpu.py --rates``) when present."""
+    rows = []
+    for (arm, rate), g in ours.groupby(["arm", "rate"], sort=True):
+        e, t, p = g["e2el_s"].dropna(), g["ttft_s"].dropna(), g["tpot_s"].dropna()
+        ends = (g["e2el_s"] + g["arrival_s"]).dropna() if "arrival_s" in g else e
+        rows.append({"system": f"studylib {arm}", "rate_req_s": rate, "requests": len(g),
+                     "throughput_tok_s": float(g["output_tokens"].sum() / ends.max()) if len(ends) else None,
+                     "ttft_p99_s": float(np.percentile(t, 99)) if len(t) else None,
+                     "tpot_p99_s": float(np.percentile(p, 99)) if len(p) else None,
+                     "e2el_p50_s": float(e.median()) if len(e) else None})
+    for run in (vllm or {}).get("poisson", []):
+        rows.append({"system": f"vLLM CPU {vllm.get('vllm_version', '')}".strip(), "rate_req_s": run["rate_req_s"],
+                     "requests": run["requests"], "throughput_tok_s": run["throughput_tok_s"],
+                     "ttft_p99_s": run["ttft_s"]["p99"], "tpot_p99_s": run["tpot_s"]["p99"],
+                     "e2el_p50_s": run["e2el_s"]["p50"]})
+    return pd.DataFrame(rows).sort_values(["rate_req_s", "system"], ignore_index=True) if rows else pd.DataFrame()

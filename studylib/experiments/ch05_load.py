@@ -274,7 +274,7 @@ def latency_under_load(model, tokenizer, items: Sequence[WorkloadItem], rate: fl
         label = arm_label(arm)
         reqs, _ = _serve(model, tokenizer, items, _config(arm, engine), rate, seed, ignore_eos)
         for r in reqs:
-            rows.append({"arm": label, "id": r.id, "rate": rate, "status": r.status.value,
+            rows.append({"arm": label, "id": r.id, "rate": rate, "status": r.status.value, "arrival_s": r.arrival_s,
                          "e2el_s": r.e2el_s, "ttft_s": r.ttft_s, "tpot_s": r.tpot_s,
                          "prompt_tokens": len(r.prompt_ids), "output_tokens": len(r.output_ids)})
     return pd.DataFrame(rows)

@@ -1,0 +1,102 @@
+"""Chapter 5's saturation runs and what chapter 7 reads from them, on tiny-random (behaviour only)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from studylib.bench.stats import Estimate
+from studylib.claims import HOLDS
+from studylib.errors import StudylibError
+from studylib.experiments import ch05_batching as ch05
+from studylib.experiments import ch05_load as load
+from studylib.experiments import ch07_report as report
+from studylib.experiments import ch07_system as sys7
+from studylib.serving.workload import synthetic_workload
+
+ENGINE = {"block_size": 4, "kv_budget_mib": 4, "max_running": 8}
+
+
+def test_parse_arm_accepts_the_chapter_arms_and_names_the_fix():
+    assert ch05.parse_arm("continuous+radix") == ("continuous", "radix")
+    assert ch05.parse_arm("static") == ("static", "none")
+    for bad in ("static+radix", "batched", "continuous+trie"):
+        with pytest.raises(StudylibError, match="arm"):
+            ch05.parse_arm(bad)
+
+
+def test_saturation_runs_split_sequential_serves_every_request_once(tiny):
+    model, tok = tiny
+    items = synthetic_workload(7, seed=2, output_len=(2, 4))
+    runs, timelines, outputs = ch05.saturation_runs(model, tok, items, ["sequential", "continuous+radix"], 3,
+                                                    engine=ENGINE)
+    seq = runs[runs["arm"] == "sequential"].sort_values("repeat")
+    assert seq["requests"].tolist() == [3, 2, 2]  # request i in repeat i mod 3
+    assert (runs[runs["arm"] == "continuous+radix"]["requests"] == 7).all()
+    assert set(outputs["sequential"]) == set(outputs["continuous+radix"]) == {i.id for i in items}
+    # Batch-invariant kernels: one request at a time and all at once give the same greedy tokens.
+    assert outputs["sequential"] == outputs["continuous+radix"]
+    assert set(timelines) == {("sequential", math.inf), ("continuous+radix", math.inf)}
+    gains = ch05.saturation_gains(runs)
+    assert set(gains["baseline"]) == {"sequential"} and (gains["repeats"] == 3).all()
+    rec = ch05.c7_record(gains, runs, "conditions")
+    arms = {a["arm"]: a for a in rec["arms"]}
+    assert arms["sequential"]["gain"] == 1.0 and arms["continuous+radix"]["repeats"] == 3
+    eq = ch05.equality(model, tok, items, outputs, 4)
+    assert (eq["identical"] == eq["requests"]).all() and (eq["requests"] == 4).all()
+
+
+def _sat(seq_rps=1.0, seq_tpot=0.05):
+    return pd.DataFrame([{"arm": "sequential", "rate": math.inf, "repeat": k, "requests_per_s": seq_rps,
+                          "tpot_p50_s": seq_tpot, "throughput_tok_s": 10.0} for k in range(3)])
+
+
+def test_scaled_slo_keeps_mlperfs_ratio():
+    slo = ch05.scaled_slo(_sat(seq_tpot=0.04), tpot_factor=3.0)
+    assert slo["tpot_s"] == pytest.approx(0.12) and slo["ttft_s"] == pytest.approx(0.12 * 450 / 40, rel=1e-3)
+    with pytest.raises(StudylibError, match="sequential"):
+        ch05.scaled_slo(_sat().assign(arm="static"), 3.0)
+
+
+def test_capacity_is_bounded_against_sequentials_service_rate():
+    probes = pd.DataFrame([{"arm": "continuous+radix", "probe": 0, "rate": 4.0, "met": True, "requests": 200,
+                            "throughput_tok_s": 80.0}])
+    cap = load.Capacity("continuous+radix", 4.0, (4.0, 6.0), probes, {"ttft_s": 1.0, "tpot_s": 0.1})
+    t = load.capacity_vs_sequential(cap, _sat(seq_rps=0.5)).iloc[0]
+    assert t.capacity_gain_at_least == pytest.approx(8.0) and t.sequential_service_rate_req_s == 0.5
+    assert "at least 8.0x" in load.explain_capacity(cap, _sat(seq_rps=0.5), {"ttft_s": 1.0, "tpot_s": 0.1}, 3.0)
+
+
+def test_chapter7_reads_chapter5s_serving_rows(tmp_path):
+    assert sys7.serving_from_chapter5(tmp_path) is None  # chapter 5 has not run here
+    runs = pd.DataFrame([{"arm": a, "rate": math.inf, "repeat": k, "requests": 64,
+                          "throughput_tok_s": t * (1 + 0.01 * k)}
+                         for k in range(5) for a, t in (("sequential", 20.0), ("continuous+radix", 200.0))])
+    gains = ch05.saturation_gains(runs)
+    rec = ch05.c7_record(gains, runs, "64 requests")
+    lat = pd.DataFrame([{"arm": a, "id": f"r{i}", "rate": 0.5, "status": "finished", "e2el_s": e * (1 + i / 10),
+                         "ttft_s": 0.1, "tpot_s": 0.01} for i in range(12) for a, e in (("sequential", 30.0),
+                                                                                     ("continuous+radix", 2.0))])
+    est = load.e2e_ratio(lat, "continuous+radix", "sequential")
+    record = {"measurements": {"serving_for_c7": rec, "runs": runs.to_dict("records"),
+                               "latency_under_load": load.latency_record(lat, est, 0.5, 0.8)}}
+    (tmp_path / "ch05.json").write_text(json.dumps(record))
+    got = sys7.serving_from_chapter5(tmp_path)
+    best = got["tsum"].set_index("policy").loc[sys7.BEST_POLICY]
+    assert best.gain == pytest.approx(10.0) and best.repeats == 5
+    assert got["under_load"]["n"] == 12 and "chapter 5" in got["serving"]
+    row = report.judge_latency_under_load(got["under_load"], got["serving"])
+    assert row.verdict == HOLDS and row.n == 12 and "0.50 req/s" in row.metric
+    assert row.measured == pytest.approx(15.0)
+
+
+def test_e2e_ratio_is_a_paired_estimate():
+    lat = pd.DataFrame([{"arm": a, "id": f"r{i}", "e2el_s": v} for i in range(10)
+                        for a, v in (("sequential", 4.0 + i), ("continuous+radix", 2.0 + i / 2))])
+    est = load.e2e_ratio(lat, "continuous+radix", "sequential")
+    assert isinstance(est, Estimate) and est.n == 10 and est.value == pytest.approx(2.0)
+    assert np.isfinite(est.ci_low) and est.ci_low <= est.value <= est.ci_high
