@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("studylib.generate_cli", "generate text with a decoding method"),
     "bench": ("studylib.bench.cli", "run a benchmark (ar: studylib vs HF generate vs roofline)"),
     "reproduce": ("studylib.workbook.cli", "execute the chapter notebooks and render reports"),
+    "book": ("studylib.workbook.book_cli", "re-render the study's pages from a run's executed notebooks"),
     "claims": ("studylib.claims_cli", "print the study's verdict table from the chapter JSON files"),
     "data": ("studylib.data_cli", "fetch and inspect data sets"),
     "train-draft": ("studylib.decoding.draft_train", "distil a small draft model from the target"),

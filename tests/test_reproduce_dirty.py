@@ -79,7 +79,7 @@ def test_allow_dirty_proceeds_and_marks_the_pages(book, monkeypatch, capsys):
     assert ran == [{"chapter": 1, "out": out, "dirty": True}]
     assert json.loads((out / "index.json").read_text())["chapters"]["1"]["dirty_tree"] is True
     index = (out / "index.html").read_text()
-    assert "Dirty tree:</b> chapter 1." in index and "<span class='dirty'>dirty tree</span>" in index
+    assert "Dirty tree:</b> chapter 1." in index and "(dirty tree)</td>" in index
 
 
 def test_clean_tree_writes_the_committed_folder_unmarked(book, monkeypatch):

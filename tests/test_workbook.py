@@ -63,7 +63,7 @@ def test_run_writes_reports_index_and_injects_parameters(book):
     assert "verdict-table" in html and "does not hold" not in html
     assert (out / "ch01.ipynb").exists()
     index = (out / "index.html").read_text()
-    assert "C1: holds" in index and "ch01.html" in index and "Toy chapter 1" in index
+    assert "C1: holds" in index and "ch01.html" in index and "Toy 1" in index
     assert json.loads((out / "index.json").read_text())["chapters"]["1"]["params"]["model"] == "cli-model"
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no staging or temp debris
 
@@ -72,7 +72,7 @@ def test_run_writes_reports_index_and_injects_parameters(book):
 def test_failed_chapter_is_isolated_and_keeps_last_good_results(book):
     nbs, out = book
     assert [r.status for r in run(book, chapters=[2])] == [OK]
-    good_json, good_html = (out / "ch02.json").read_bytes(), (out / "ch02.html").read_bytes()
+    good_json = (out / "ch02.json").read_bytes()
     good_yaml = (nbs / "params" / "smoke.yaml").read_text()
     (nbs / "params" / "smoke.yaml").write_text("ch01:\n  r2: 0.999\nch02:\n  fail: true\n")
     runs = run(book)
@@ -80,7 +80,8 @@ def test_failed_chapter_is_isolated_and_keeps_last_good_results(book):
     assert [r.status for r in runs] == [OK, FAILED] and "boom from chapter 2" in runs[1].error
     assert (out / "ch01.json").exists()
     assert (out / "ch02.json").read_bytes() == good_json
-    assert (out / "ch02.html").read_bytes() == good_html
+    page = (out / "ch02.html").read_text()  # re-rendered (its neighbours changed), from the good run
+    assert "verdict-table" in page and "output_error" not in page and "This chapter failed" not in page
     failed_html = (out / "ch02.failed.html").read_text()
     assert "boom from chapter 2" in failed_html and "This chapter failed" in failed_html
     assert "output_error" in failed_html  # the traceback cell, which test_notebooks asserts is absent

@@ -360,4 +360,8 @@ def reproduce(profile: str = "cpu", chapters: Sequence[int] | None = None, out_d
         atomic_write(out / "index.json", json.dumps(index, indent=1, ensure_ascii=False))
         write_index(out, index, available)
     bar.close()
+    if any(out.glob("ch[0-9][0-9].ipynb")):
+        from studylib.workbook.book import build_book
+
+        build_book(out, index)  # the book: every page with its neighbours' links, the front page, book.html
     return runs

@@ -1,0 +1,386 @@
+"""The rendered study as a book: a front page, the chapters in order with navigation, search, one
+printable page, all opening from the file system (no server).
+
+Why nbconvert and the project's own page, not Jupyter Book 2 / MyST or Quarto: the book has to build
+offline here, where only package registries are reachable. MyST's HTML build downloads its theme
+from api.mystmd.org at build time (tried: "getaddrinfo ENOTFOUND"), and Quarto's PyPI package downloads
+its binary from GitHub while it installs (no wheel, no Debian package); nbconvert
+(already the renderer) turns papermill's executed notebooks into HTML, and headless Chromium prints
+the same pages to PDF. papermill stays the executor: this module only reads what a run wrote
+(``chNN.ipynb`` and ``chNN.json``) and can re-render without running anything (``studylib book``).
+
+Every chapter page opens with its claims (Chinese and English) and a summary computed from the
+chapter's verdicts: what was measured, the number with its CI and n, and the verdict. The import and
+parameter cells are hidden (papermill still injects into them); the run's settings are one line on top
+and in full in a collapsed appendix.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from studylib.bench.provenance import commit_label
+from studylib.claims import CLAIMS, DECISION, FAILS, HOLDS, INCONCLUSIVE, Verdict, format_bar, load_chapter
+from studylib.workbook.fonts import FONT_FAMILY, font_face_css
+from studylib.workbook.paths import atomic_write
+
+FONT_STACK = (f'-apple-system, "Segoe UI", Helvetica, Arial, "Noto Sans CJK SC", "PingFang SC", '
+              f'"Microsoft YaHei", "{FONT_FAMILY}", sans-serif')
+_BASE_CSS = """
+body { font-family: FONTS; max-width: 1000px; margin: 1.5em auto; padding: 0 1em; color: #222; line-height: 1.5;
+       overflow-wrap: break-word; }
+a { color: #0b5cad; } h1 { font-size: 1.7em; line-height: 1.25; } h2 { margin-top: 1.6em; }
+nav.book { display: flex; justify-content: space-between; gap: 1em; font-size: 0.9em; margin: 0.8em 0;
+       padding: 0.4em 0; border-bottom: 1px solid #e1e4e8; }
+nav.book.bottom { border-top: 1px solid #e1e4e8; border-bottom: none; margin-top: 2em; }
+.zh { font-family: "Noto Sans CJK SC", "PingFang SC", "Microsoft YaHei", "FONT", sans-serif; }
+.summary { border: 1px solid #c8d1dc; background: #f7f9fc; border-radius: 6px; padding: 0.6em 1em; margin: 1em 0; }
+.summary h3 { margin: 0.2em 0 0.4em; font-size: 1.05em; }
+.summary .claim-zh { color: #444; margin: 0.2em 0; } .summary .claim-en { font-style: italic; margin: 0.2em 0 0.5em; }
+.summary dl { display: grid; grid-template-columns: max-content 1fr; gap: 0.15em 0.8em; margin: 0.3em 0; }
+.summary dt { font-weight: bold; color: #555; } .summary dd { margin: 0; }
+.summary ul { margin: 0.2em 0; padding-left: 1.2em; }
+.settings { font-size: 0.85em; color: #555; margin: 0.3em 0 1em; }
+.badge { display: inline-block; padding: 1px 7px; border-radius: 4px; font-size: 0.9em; white-space: nowrap;
+         font-weight: bold; }
+.holds { background: #d9f2d9; } .cond { background: #fff1c2; } .unsure { background: #e4e4f0; }
+.fails { background: #f8d4d4; }
+details.appendix { margin-top: 2em; font-size: 0.85em; } details.appendix summary { cursor: pointer; font-weight: bold; }
+table.kv { border-collapse: collapse; } table.kv th { text-align: left; padding-right: 1em; vertical-align: top; }
+table.kv td { word-break: break-word; }
+.studylib-dirty { background: #fff1c2; border: 1px solid #9a6700; padding: 0.6em 1em; margin: 1em 0; }
+.studylib-error { background: #f8d4d4; border: 1px solid #c33; padding: 0.6em 1em; margin: 1em 0;
+       font-family: monospace; white-space: pre-wrap; }
+img { max-width: 100%; height: auto; }
+"""
+_NOTEBOOK_CSS = """
+.cell { margin: 0.7em 0; } .anchor-link { display: none; }
+.input_area pre { background: #f6f8fa; border: 1px solid #e1e4e8; border-radius: 4px; padding: 8px 10px;
+       font-size: 0.85em; overflow-x: auto; margin: 0; }
+.output_area pre { font-size: 0.82em; padding: 2px 10px; margin: 0.3em 0; white-space: pre-wrap; }
+.output_stderr { display: none; }
+.output_wrapper, .output_subarea, .rendered_html { max-width: 100%; overflow-x: auto; }
+.rendered_html table { border-collapse: collapse; font-size: 0.85em; margin: 0.4em 0; }
+.rendered_html th, .rendered_html td { padding: 3px 8px; border-bottom: 1px solid #ddd; text-align: left; }
+.rendered_html thead th { background: #f0f0f0; }
+blockquote { border-left: 3px solid #ccc; margin: 0.5em 0; padding: 0.1em 1em; color: #444; background: #fafafa; }
+code { font-size: 0.9em; background: #f3f3f3; padding: 0 3px; border-radius: 3px; word-break: break-word; }
+pre code { background: none; padding: 0; word-break: normal; }
+.ansi-red-fg { color: #c33; } .ansi-green-fg { color: #1a7f37; } .ansi-blue-fg { color: #0b5cad; }
+.ansi-bold { font-weight: bold; }
+"""
+_BADGE = {HOLDS: "holds", "holds under conditions": "cond", INCONCLUSIVE: "unsure", FAILS: "fails"}
+DIRTY_NOTE = ("Made from a git tree with uncommitted changes to tracked files: these results belong to no "
+              "commit, not even the one named here.")
+# Code cells a reader does not need to see: the imports, papermill's parameter cells.
+_HIDDEN_TAGS = {"parameters", "injected-parameters", "hide-input"}
+_IMPORT_LINE = re.compile(r"^(import\s|from\s+\S+\s+import\s)")
+
+
+def css(extra: str = "") -> str:
+    stack = FONT_STACK
+    return font_face_css() + _BASE_CSS.replace("FONTS", stack).replace('"FONT"', f'"{FONT_FAMILY}"') + extra
+
+
+def page(title: str, body: str, extra_css: str = "", script: str = "") -> str:
+    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' "
+            f"content='width=device-width, initial-scale=1'><title>{html.escape(title)}</title>"
+            f"<style>{css(extra_css)}</style></head><body>{body}"
+            + (f"<script>{script}</script>" if script else "") + "</body></html>")
+
+
+def badge(verdict: str, label: str | None = None) -> str:
+    return f"<span class='badge {_BADGE.get(verdict, 'unsure')}'>{html.escape(label or verdict)}</span>"
+
+
+def zh(text: str) -> str:
+    return f"<span class='zh' lang='zh-CN'>{html.escape(text)}</span>"
+
+
+# ------------------------------------------------------------------------------------------ numbers
+
+def sig(x: float, digits: int = 3) -> str:
+    """Three significant figures, without scientific notation for the magnitudes the study prints."""
+    if x != x:  # NaN
+        return "not measured"
+    if x == 0:
+        return "0"
+    text = f"{x:.{digits}g}"
+    if "e" in text:
+        text = f"{x:.{max(0, digits - 1 - int(f'{abs(x):e}'.split('e')[1]))}f}" if abs(x) >= 1e-4 else f"{x:.2e}"
+    return text
+
+
+def format_ci(measured: Any, ci: Sequence[float] | None, n: int | None, unit: str | None = None) -> str:
+    """``1.61 (1.00-3.95, n=10 prompts)``; strings (a tally such as "2/4 hold") pass through."""
+    if measured is None:
+        return "not measured"
+    if not isinstance(measured, int | float):
+        return str(measured)
+    m = float(measured)
+    digits = 3
+    if ci is not None:  # more digits only where three would print a bound equal to a value it is not
+        def blurred(d: int) -> bool:
+            return any(sig(m, d) == sig(b, d) and m != b for b in ci)
+
+        while digits < 6 and blurred(digits):
+            digits += 1
+    text = sig(m, digits)
+    inner = []
+    if ci is not None:
+        inner.append(f"95% CI {sig(ci[0], digits)} to {sig(ci[1], digits)}")
+    if n is not None:
+        inner.append(f"n={n}{' ' + unit if unit else ''}")
+    return text + (f" ({', '.join(inner)})" if inner else "")
+
+
+# ------------------------------------------------------------------------------------------ summaries
+
+def _parts_of(verdicts: Sequence[Verdict], decision: Verdict) -> list[Verdict]:
+    return [v for v in verdicts if v.id == decision.id and v.role != DECISION and v.chapter == decision.chapter]
+
+
+def claim_summary(decision: Verdict, parts: Sequence[Verdict]) -> str:
+    """The three lines under a claim: what was measured, the number (CI, n), the verdict."""
+    claim = CLAIMS.get(decision.id)
+    head = f"<h3>{html.escape(decision.id)}</h3>"
+    if claim:
+        head += (f"<p class='claim-zh'>原文：“{zh(claim.quote_zh)}”</p>"
+                 f"<p class='claim-en'>{html.escape(claim.text)}</p>")
+    numeric = isinstance(decision.measured, int | float) and not isinstance(decision.measured, bool)
+    if numeric:
+        number = html.escape(format_ci(decision.measured, decision.ci, decision.n, decision.unit))
+        bar = "" if format_bar(decision) == "all checks" else f" against the bar {html.escape(format_bar(decision))}"
+        number += bar
+    else:
+        items = []
+        for p in parts[:6]:
+            items.append(f"<li>{html.escape(p.metric)}: "
+                         f"{html.escape(format_ci(p.measured, p.ci, p.n, p.unit))} {badge(p.verdict)}</li>")
+        more = f"<li>and {len(parts) - 6} more rows in the verdict table below</li>" if len(parts) > 6 else ""
+        number = html.escape(str(decision.measured if decision.measured is not None else "")) + \
+            (f"<ul>{''.join(items)}{more}</ul>" if items else "")
+    cond = f"<dd>{html.escape(decision.conditions)}</dd>" if decision.conditions else ""
+    return (head + "<dl>"
+            f"<dt>Measured</dt><dd>{html.escape(decision.metric)}</dd>"
+            f"<dt>Result</dt><dd>{number}</dd>"
+            f"<dt>Verdict</dt><dd>{badge(decision.verdict)}</dd>"
+            + (f"<dt>Conditions</dt>{cond}" if cond else "") + "</dl>")
+
+
+def chapter_summary(data: Mapping[str, Any]) -> str:
+    verdicts = list(data.get("verdicts") or [])
+    decisions = [v for v in verdicts if v.role == DECISION]
+    if not decisions:
+        return ""
+    return "<div class='summary'>" + "".join(claim_summary(d, _parts_of(verdicts, d)) for d in decisions) + "</div>"
+
+
+def settings_line(data: Mapping[str, Any]) -> str:
+    prov = data.get("provenance") or {}
+    params = data.get("params") or {}
+    isa = (prov.get("isa") or {}).get("label") if isinstance(prov.get("isa"), Mapping) else prov.get("isa")
+    bits = [str(params.get("model") or prov.get("model") or ""),
+            f"{params.get('dtype', '')} on {params.get('device', '')}".strip(),
+            f"{prov.get('torch_threads') or params.get('threads')} threads",
+            f"profile {params.get('profile')}" if params.get("profile") else "",
+            f"{prov.get('cpu')}" + (f" (ISA {isa})" if isa else "") if prov.get("cpu") else "",
+            f"GPU {prov['gpu']}" if prov.get("gpu") else "",
+            f"commit {commit_label(prov)}" if prov.get("git_commit") else "",
+            str(prov.get("date", ""))[:10]]
+    return "<p class='settings'>Run: " + html.escape(" · ".join(b for b in bits if b and b != "None threads")) + \
+        ". Full settings in the appendix at the end.</p>"
+
+
+def appendix(data: Mapping[str, Any]) -> str:
+    from studylib.workbook.chapter import provenance_rows
+
+    params = data.get("params") or {}
+    prov = dict(data.get("provenance") or {})
+    prov.pop("params", None)
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td><code>{html.escape(json.dumps(v, ensure_ascii=False))}"
+                   f"</code></td></tr>" for k, v in params.items())
+    prow = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in provenance_rows(prov))
+    return ("<details class='appendix'><summary>Appendix: every parameter of this run and its provenance</summary>"
+            f"<h4>Parameters</h4><table class='kv'>{rows}</table><h4>Provenance</h4><table class='kv'>{prow}</table>"
+            "</details>")
+
+
+# ------------------------------------------------------------------------------------------ chapters
+
+def is_setup_cell(cell: Any) -> bool:
+    """A code cell that only imports (or only sets papermill parameters): hidden in the page."""
+    if cell.get("cell_type") != "code":
+        return False
+    tags = set((cell.get("metadata") or {}).get("tags") or [])
+    if tags & _HIDDEN_TAGS:
+        return True
+    lines = [ln for ln in str(cell.get("source", "")).splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    imports = sum(1 for ln in lines if _IMPORT_LINE.match(ln) or ln.startswith((" ", ")")))
+    return bool(lines) and imports >= 0.6 * len(lines)  # mostly imports (plus a plots.setup() or two)
+
+
+def _notebook_body(nb: Any, chapter: int = 0) -> str:
+    """The notebook as HTML without its setup cells; its "Try this" section is taken from
+    ``studylib.workbook.exercises`` (the tested commands), whatever the executed notebook held."""
+    import copy
+
+    from nbconvert import HTMLExporter
+    from traitlets.config import Config
+
+    from studylib.workbook.exercises import exercises_markdown
+
+    nb = copy.deepcopy(nb)
+    exercises = exercises_markdown(chapter)
+    for cell in nb.cells:
+        remove = is_setup_cell(cell)
+        if cell.cell_type == "markdown" and cell.source.startswith("## Try this") and exercises:
+            cell.source = exercises
+        if cell.cell_type == "code" and "show_exercises(" in cell.source:
+            remove = True
+        if remove:
+            tags = list(cell.metadata.get("tags", []))
+            cell.metadata["tags"] = [*tags, "studylib-remove"]
+    c = Config()
+    c.TagRemovePreprocessor.remove_cell_tags = ("studylib-remove",)
+    c.TagRemovePreprocessor.enabled = True
+    exporter = HTMLExporter(template_name="basic", config=c)
+    exporter.exclude_input_prompt = True
+    exporter.exclude_output_prompt = True
+    body, _ = exporter.from_notebook_node(nb)
+    return body
+
+
+def notebook_title(nb: Any, default: str) -> str:
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    return default
+
+
+def _split_title(body: str) -> tuple[str, str]:
+    """Cut the rendered body after its first <h1> so the summary sits right under the title."""
+    m = re.search(r"</h1>", body)
+    if not m:
+        return "", body
+    return body[: m.end()], body[m.end():]
+
+
+def nav(chapters: Sequence[tuple[int, str]], current: int | None, where: str = "top") -> str:
+    nums = [c for c, _ in chapters]
+    titles = dict(chapters)
+    prev_link = next_link = "<span></span>"
+    if current in nums:
+        i = nums.index(current)
+        if i > 0:
+            p = nums[i - 1]
+            prev_link = f"<a href='ch{p:02d}.html'>&larr; {html.escape(titles[p])}</a>"
+        if i + 1 < len(nums):
+            n = nums[i + 1]
+            next_link = f"<a href='ch{n:02d}.html'>{html.escape(titles[n])} &rarr;</a>"
+    return (f"<nav class='book {where}'>{prev_link}<a href='index.html'>Contents and verdicts</a>"
+            f"{next_link}</nav>")
+
+
+def render_chapter(nb: Any, data: Mapping[str, Any] | None, chapters: Sequence[tuple[int, str]], chapter: int,
+                   dirty: bool = False, error: str | None = None, title: str | None = None) -> str:
+    """One chapter page: navigation, title, claims with their computed summary, settings line, the
+    executed notebook without its setup cells, the appendix, navigation."""
+    from pygments.formatters import HtmlFormatter
+
+    default = title or f"Chapter {chapter}"
+    title = notebook_title(nb, default) if nb is not None else default
+    banner = ""
+    if dirty:
+        banner += f"<div class='studylib-dirty'><b>Dirty tree.</b> {html.escape(DIRTY_NOTE)}</div>"
+    if error:
+        banner += (f"<div class='studylib-error'><b>This chapter failed; the outputs below are partial.</b>\n"
+                   f"{html.escape(error)}</div>")
+    head, rest = _split_title(_notebook_body(nb, chapter)) if nb is not None else ("", "")
+    top = (chapter_summary(data) + settings_line(data)) if data else ""
+    body = (nav(chapters, chapter) + banner + head + top + rest + (appendix(data) if data else "")
+            + nav(chapters, chapter, "bottom"))
+    extra = _NOTEBOOK_CSS + HtmlFormatter(style="default").get_style_defs(".highlight")
+    return page(title, body, extra)
+
+
+# ------------------------------------------------------------------------------------------ the book
+
+def chapter_list(out: Path) -> list[tuple[int, str]]:
+    """(number, title) of every chapter with an executed notebook in ``out``."""
+    import nbformat
+
+    items = []
+    for p in sorted(out.glob("ch[0-9][0-9].ipynb")):
+        nb = nbformat.read(str(p), as_version=4)
+        items.append((int(p.stem[2:]), notebook_title(nb, f"Chapter {int(p.stem[2:])}")))
+    return items
+
+
+def build_book(out: str | Path, index: Mapping[str, Any] | None = None) -> list[Path]:
+    """Re-render every chapter page and the front page from what ``out`` holds; runs nothing."""
+    import nbformat
+
+    from studylib.workbook.front import write_front_page
+
+    out = Path(out)
+    if index is None:
+        try:
+            index = json.loads((out / "index.json").read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            index = {}
+    records = index.get("chapters", {})
+    chapters = chapter_list(out)
+    written = []
+    for c, _ in chapters:
+        nn = f"ch{c:02d}"
+        nb = nbformat.read(str(out / f"{nn}.ipynb"), as_version=4)
+        data = load_chapter(out / f"{nn}.json") if (out / f"{nn}.json").exists() else None
+        dirty = bool((records.get(str(c)) or {}).get("dirty_tree"))
+        written.append(atomic_write(out / f"{nn}.html", render_chapter(nb, data, chapters, c, dirty=dirty)))
+    written.append(write_front_page(out, index, chapters))
+    written.append(write_print_page(out, chapters))
+    return written
+
+
+def write_print_page(out: Path, chapters: Sequence[tuple[int, str]]) -> Path:
+    """``book.html``: every chapter on one page, for printing (``studylib book --pdf`` prints it)."""
+    parts = []
+    for c, _ in chapters:
+        text = (out / f"ch{c:02d}.html").read_text(encoding="utf-8")
+        body = text.split("<body>", 1)[-1].rsplit("</body>", 1)[0]
+        body = re.sub(r"<nav class='book[^']*'>.*?</nav>", "", body, flags=re.S)
+        parts.append(f"<section class='chapter' id='ch{c:02d}'>{body}</section>")
+    style = ("section.chapter { break-before: page; } details.appendix { display: none; } "
+             ".input_area pre { white-space: pre-wrap; }")
+    toc = "".join(f"<li><a href='#ch{c:02d}'>{html.escape(t)}</a></li>" for c, t in chapters)
+    from pygments.formatters import HtmlFormatter
+
+    return atomic_write(out / "book.html", page(
+        "Fast LLM inference: the whole study", f"<h1>Fast LLM inference: a reproducible study</h1><ol>{toc}</ol>"
+        + "".join(parts), _NOTEBOOK_CSS + style + HtmlFormatter(style="default").get_style_defs(".highlight")))
+
+
+def print_pdf(out: Path, chromium: str | None = None) -> Path:
+    """Print ``book.html`` to ``book.pdf`` with headless Chromium (Debian's ``chromium``)."""
+    import shutil
+    import subprocess
+
+    from studylib.errors import StudylibError
+
+    exe = chromium or shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if not exe:
+        raise StudylibError("no Chromium to print with; install Debian's chromium (apt-get install chromium) or "
+                            "pass --chromium PATH.")
+    pdf = out / "book.pdf"
+    subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-pdf-header-footer",
+                    f"--print-to-pdf={pdf}", (out / "book.html").resolve().as_uri()],
+                   check=True, capture_output=True, timeout=600)
+    return pdf

@@ -1,0 +1,32 @@
+"""``studylib book``: re-render the study's pages (front page, chapters, the printable page) from the
+executed notebooks and JSON a run left in ``reports/<profile>``; runs no chapter."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from studylib.errors import StudylibError
+from studylib.workbook.paths import PROFILES
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", default="cpu", help=f"which report folder: {' | '.join(PROFILES)} (default: cpu)")
+    p.add_argument("--out", default=None, help="report folder (default: reports/<profile>)")
+    p.add_argument("--pdf", action="store_true", help="also print book.html to book.pdf with headless Chromium")
+    p.add_argument("--chromium", default=None, help="the Chromium executable for --pdf (default: found on PATH)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from studylib.workbook import paths
+    from studylib.workbook.book import build_book, print_pdf
+
+    out = Path(args.out) if args.out else paths.reports_dir(args.profile)
+    if not any(out.glob("ch[0-9][0-9].ipynb")):
+        raise StudylibError(f"no executed chapter (chNN.ipynb) in {out}; run `studylib reproduce --profile "
+                            f"{args.profile}` first, or pass --out to the folder a run wrote.")
+    written = build_book(out)
+    if args.pdf:
+        written.append(print_pdf(out, args.chromium))
+    print(f"wrote {len(written)} pages into {out} (open {out / 'index.html'})")
+    return 0

@@ -1,0 +1,178 @@
+"""The "Try this" exercises of every chapter, as data: a question, what to look for, and the change
+to the cpu profile that tests it. Commands are generated from the data, so each one runs the chapter
+with the profile's own settings plus the change (never the smoke defaults), and ``tests/test_exercises.py``
+checks every one as printed (``studylib reproduce --dry-run``: names, types, models, patterns).
+
+The rendered pages take their "Try this" section from here (``studylib.workbook.book``); in Jupyter,
+``show_exercises(N)`` prints the same list.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Exercise:
+    title: str
+    question: str
+    look_for: str
+    # Each step reruns one chapter with these -p overrides on the cpu profile (a step may name another
+    # chapter: chapter 7 reads chapter 5's serving rows). Empty: ``command`` is given instead.
+    steps: tuple[tuple[int, Mapping[str, Any]], ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    command: str = ""  # a non-reproduce command (e.g. bench-serve), checked by its own parser
+    profile: str = "cpu"
+
+    def commands(self, chapter: int) -> list[str]:
+        if self.command:
+            return [self.command]
+        prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in self.env.items())
+        return [prefix + reproduce_command(ch, overrides, self.profile, f"/tmp/try{chapter:02d}")
+                for ch, overrides in self.steps]
+
+
+def _value(v: Any) -> str:
+    """A -p value that ``parse_overrides`` (YAML) reads back as ``v``."""
+    import yaml
+
+    text = json.dumps(v) if isinstance(v, list | dict) else str(v)
+    if yaml.safe_load(text) != v:
+        text = json.dumps(v)
+    return text
+
+
+def reproduce_command(chapter: int, overrides: Mapping[str, Any], profile: str = "cpu", out: str = "/tmp/try") -> str:
+    args = ["studylib", "reproduce", "--profile", profile, "--chapters", str(chapter), "--out", out]
+    for k, v in overrides.items():
+        args += ["-p", f"{k}={_value(v)}"]
+    return shlex.join(args)
+
+
+EXERCISES: dict[int, tuple[Exercise, ...]] = {
+    1: (
+        Exercise("Halve the bytes", "If decoding is bound by memory traffic, does bfloat16 weights' half-size "
+                 "traffic nearly double tokens/s?",
+                 "tokens/s at batch 1 against the fp32 run, and where the points sit on the roofline; on a CPU "
+                 "without fast bf16 units the ridge point moves left and batch 1 turns compute-bound instead.",
+                 steps=((1, {"dtype": "bfloat16"}),)),
+        Exercise("Fewer cores", "With one thread the arithmetic rate halves; does the bandwidth of one core too?",
+                 "the batch at which the step time starts to grow: it moves left if one core is compute-bound "
+                 "sooner.", steps=((1, {"threads": 1}),)),
+        Exercise("Long context", "At 2048 tokens of context, how much of each step's traffic is the KV cache?",
+                 "the points sliding left on the roofline and the knee of the step-time curve moving.",
+                 steps=((1, {"context": 2048, "batches": [1, 4, 16]}),)),
+    ),
+    2: (
+        Exercise("Longer drafts", "Does a larger draft length γ commit more tokens per step, or waste more "
+                 "draft work on rejections?",
+                 "where the measured speed-up curve leaves the theory's 1 - α^(γ+1) / (1 - α) prediction.",
+                 steps=((2, {"gamma": 8, "sweep_gammas": [2, 4, 8, 12]}),)),
+        Exercise("Prompt lookup where it should shine", "When the output quotes the input (summaries), how "
+                 "far does copying from the prompt go?",
+                 "the acceptance and speed-up of pld on XSum against chat.",
+                 steps=((2, {"n_chat": 0, "n_code": 0, "max_new_tokens": 64}),)),
+        Exercise("A cheaper self-draft", "Skipping more layers makes the self-draft cheaper but less accurate: "
+                 "which wins?", "α and the speed-up against the layer search's prediction.",
+                 steps=((2, {"self_budget": 20}),)),
+    ),
+    3: (
+        Exercise("The paper's configuration", "Lookahead with W=7, N=5, G=7 and no prompt pool, as its authors "
+                 "ran it on GPUs: what does the wider forward cost on a CPU?",
+                 "tokens per forward against the wall-clock speed-up: more tokens per step can still be slower.",
+                 steps=((3, {"headline": "lookahead:7,5,7", "methods": ["lookahead:7,5,7"]}),)),
+        Exercise("A bigger Jacobi block", "Does a random first guess ever converge faster than one copied from "
+                 "the prompt?", "new tokens per forward of the two Jacobi arms.",
+                 steps=((3, {"methods": ["jacobi:16:random", "jacobi:16:prompt"], "headline": "jacobi:16:prompt"}),)),
+        Exercise("Fewer threads", "With one thread the cost curve of a wider forward steepens; does the "
+                 "break-even compression rise?", "the cost curve and the break-even line.",
+                 steps=((3, {"threads": 1}),)),
+    ),
+    4: (
+        Exercise("Page size 1", "Token-granular sharing removes the block-rounding loss; how much was it?",
+                 "the measured hit rate against 'optimal (token level)'.", steps=((4, {"block_size": 1}),)),
+        Exercise("A tight memory budget", "Below the multi-turn working set, do interleaved chats evict each other?",
+                 "the measured hit rate landing on the LRU replay curve.",
+                 steps=((4, {"capacity_tokens": 1280, "conversations": 4}),)),
+        Exercise("Where TTFT gains end", "Halve the shared system prompt and lengthen the outputs: what happens "
+                 "to the end-to-end gain?", "TTFT still drops, while the end-to-end ratio shrinks toward 1.",
+                 steps=((4, {"system_tokens": 512, "max_new_tokens": 48}),)),
+    ),
+    5: (
+        Exercise("Less alike requests", "A wider spread of output lengths: which policy suffers most?",
+                 "static batching's throughput against continuous batching's (rows finished early sit idle in a "
+                 "static batch).", steps=((5, {"min_new_tokens": 2, "max_new_tokens": 96}),)),
+        Exercise("No shared system prompts", "Without shared prefixes, how much of the gain was the radix cache's?",
+                 "continuous+radix falling back onto continuous.", steps=((5, {"system_tokens": 0}),)),
+        Exercise("Smaller prefill chunks", "Do 64-token chunks stop long prompts stalling running decodes?",
+                 "ITL and TPOT p99 against TTFT.", steps=((5, {"chunk_size": 64}),)),
+        Exercise("A tighter SLO", "Halve the TPOT limit: how much capacity is left?",
+                 "the highest rate each arm sustains.", steps=((5, {"slo_tpot_factor": 1.5}),)),
+        Exercise("Bursty arrivals", "The same mean rate, in bursts: what happens to p99 TTFT?",
+                 "TTFT p99 against Poisson arrivals at the same rate.",
+                 command="studylib bench-serve --scheduler continuous --prefix-cache radix --rate 4 "
+                         "--burstiness 0.3 --num-requests 64"),
+    ),
+    6: (
+        Exercise("Without the sinks", "At the same budget, what does dropping the first tokens do?",
+                 "the bare window's perplexity against sinks:4,W-4 (the attention-sink effect).",
+                 steps=((6, {"n_tokens": 2048, "quality_patterns": ["window:256", "sinks:4,252", "sinks:16,240"]}),)),
+        Exercise("The needle farther away", "With the needle outside the window, can the sink cache answer?",
+                 "window and sinks failing where Quest, at the same budget, still reads the page that holds it.",
+                 steps=((6, {"needle_lengths": [2048, 4096], "needle_depths": [0.1, 0.5, 0.9]}),)),
+        Exercise("A smaller Quest budget", "Fewer keys, or coarser pages: which costs Quest more quality?",
+                 "KL divergence and the perplexity ratio of the two budgets.",
+                 steps=((6, {"doc_patterns": ["quest:budget=512", "quest:budget=512,page=32"]}),)),
+    ),
+    7: (
+        Exercise("Longer outputs", "The prefix cache removes only prefill: does its share of the gain shrink as "
+                 "outputs grow?", "the prefix-cache arm's speed-up against the decoders' as outputs lengthen.",
+                 steps=((7, {"max_new_tokens": 96}),)),
+        Exercise("A narrower window", "Halve the sparse-attention budget: does quality stay above 99%?",
+                 "quality retained falling below the bar, which takes window attention out of every stack.",
+                 steps=((7, {"attention": "sinks:4,60"}),)),
+        Exercise("Heavier saturation", "Twice the requests in flight: how close does the throughput gain get to "
+                 "8-12x?", "chapter 5's saturation gain, which chapter 7 then reads for C7.",
+                 steps=((5, {"n_requests": 128}), (7, {}))),
+    ),
+    8: (
+        Exercise("Only the lossless arm", "The GGUF blocks against the fp32 model, with twice the prompts: how "
+                 "tight does the speed CI get?", "the CI of the gguf speed-up.",
+                 steps=((8, {"arms": ["dense", "gguf"], "n_prompts": 20}),)),
+        Exercise("The other ISA path", "Force the AVX2 build of the kernel on an AVX-512 machine: how much do "
+                 "the wider registers buy?", "decode speed against the default run (the provenance names the build).",
+                 steps=((8, {"arms": ["dense", "gguf", "q4_1"]}),), env={"STUDYLIB_QUANT_ISA": "avx2"}),
+    ),
+}
+
+
+def exercises_markdown(chapter: int) -> str:
+    """The chapter's "Try this" section as Markdown (empty if it has none)."""
+    items = EXERCISES.get(chapter, ())
+    if not items:
+        return ""
+    lines = ["## Try this", "",
+             "Each command reruns the chapter with the cpu profile's settings and one change, into a scratch "
+             "folder (it takes about as long as the chapter); compare its report with this one.", ""]
+    for i, ex in enumerate(items, 1):
+        lines.append(f"{i}. **{ex.title}.** {ex.question} *Look for:* {ex.look_for}")
+        lines.append("")
+        lines += ["   ```text", *(f"   {c}" for c in ex.commands(chapter)), "   ```", ""]
+    return "\n".join(lines)
+
+
+def show_exercises(chapter: int) -> None:
+    """Display the chapter's exercises (Markdown in a notebook, text elsewhere)."""
+    from studylib.workbook.chapter import in_notebook
+
+    text = exercises_markdown(chapter)
+    if in_notebook():
+        from IPython.display import Markdown, display
+
+        display(Markdown(text))
+    else:
+        print(text)

@@ -1,0 +1,360 @@
+"""The front page, ``index.html``: what the source document claims, what was run, the bottom line
+written from the verdicts, one line per claim, a figure of claimed vs measured, the chapters, search,
+and how to rerun. Every number on it is formatted from a chapter's JSON; the prose around them is
+fixed text that states no measurement of its own."""
+
+from __future__ import annotations
+
+import html
+import json
+import textwrap
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from studylib.bench.provenance import commit_label
+from studylib.claims import (
+    AT_LEAST,
+    AT_MOST,
+    CLAIMS,
+    CONDITIONAL,
+    DECISION,
+    FAILS,
+    HOLDS,
+    INCONCLUSIVE,
+    Verdict,
+    load_chapter,
+    load_verdicts,
+    study_decisions,
+    verdict_table,
+)
+from studylib.workbook.book import DIRTY_NOTE, badge, format_ci, page, zh
+from studylib.workbook.paths import atomic_write
+
+_FRONT_CSS = """
+.lead { font-size: 1.08em; } .meta { color: #555; font-size: 0.9em; }
+table.claims, table.chapters { border-collapse: collapse; width: 100%; font-size: 0.9em; }
+table.claims th, table.claims td, table.chapters th, table.chapters td { text-align: left; vertical-align: top;
+       padding: 5px 7px; border-top: 1px solid #ddd; }
+table.claims th, table.chapters th { background: #f0f0f0; }
+.table-wrap { max-width: 100%; overflow-x: auto; }
+blockquote.source { border-left: 3px solid #0b5cad; background: #f7f9fc; margin: 0.6em 0; padding: 0.4em 1em; }
+#search { width: 100%; max-width: 30em; padding: 4px 6px; font-size: 1em; }
+#hits li { margin: 0.3em 0; } #hits .where { color: #555; font-size: 0.9em; }
+pre.cmd { background: #f6f8fa; border: 1px solid #e1e4e8; border-radius: 4px; padding: 8px 10px; overflow-x: auto;
+       font-size: 0.85em; }
+details.all summary { cursor: pointer; font-weight: bold; }
+"""
+
+_SEARCH_JS = """
+const box = document.getElementById('search'), hits = document.getElementById('hits');
+const index = JSON.parse(document.getElementById('search-index').textContent);
+function esc(s) { return s.replace(/[&<>"']/g, c => ({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;',"'":'&#39;'})[c]); }
+box.addEventListener('input', () => {
+  const q = box.value.trim().toLowerCase();
+  hits.innerHTML = '';
+  if (q.length < 2) return;
+  let shown = 0;
+  for (const e of index) {
+    const at = e.text.toLowerCase().indexOf(q);
+    if (at < 0) continue;
+    const snip = e.text.slice(Math.max(0, at - 60), at + q.length + 80);
+    hits.insertAdjacentHTML('beforeend', `<li><a href="${e.href}">${esc(e.chapter)}</a> <span class="where">` +
+      `${esc(e.heading)}</span><br>…${esc(snip)}…</li>`);
+    if (++shown >= 25) break;
+  }
+  if (!shown) hits.innerHTML = '<li>No match.</li>';
+});
+"""
+
+
+def _provenances(out: Path) -> list[dict[str, Any]]:
+    provs = []
+    for f in sorted(out.glob("ch[0-9][0-9].json")):
+        prov = json.loads(f.read_text(encoding="utf-8")).get("provenance") or {}
+        if prov:
+            provs.append(prov)
+    return provs
+
+
+def what_was_run(out: Path, index: Mapping[str, Any]) -> str:
+    provs = _provenances(out)
+    if not provs:
+        return "<p>No chapter has run yet: <code>make reproduce</code> runs them all.</p>"
+    p = provs[-1]
+    isa = p.get("isa", {}).get("label") if isinstance(p.get("isa"), Mapping) else p.get("isa")
+    dates = sorted(str(x.get("date", ""))[:10] for x in provs if x.get("date"))
+    commits = sorted({commit_label(x) for x in provs if x.get("git_commit")})
+    params: dict[str, Any] = {}
+    for f in sorted(out.glob("ch[0-9][0-9].json")):  # the first chapter that names each setting
+        for k, v in (json.loads(f.read_text(encoding="utf-8")).get("params") or {}).items():
+            params.setdefault(k, v)
+    model = params.get("model", "the embedded model")
+    device = f"GPU {p['gpu']}" if p.get("gpu") else f"{p.get('cpu')} ({p.get('cpu_count')} cores" + \
+        (f", ISA {isa})" if isa else ")")
+    seconds = sum(float(r.get("seconds") or 0) for r in (index.get("chapters") or {}).values())
+    when = dates[0] if dates and dates[0] == dates[-1] else (f"{dates[0]} to {dates[-1]}" if dates else "")
+    return (f"<p>Every chapter ran the model <b>{html.escape(str(model))}</b> "
+            f"({html.escape(str(params.get('dtype', 'default precision')))}) on "
+            f"{html.escape(device)}, profile <b>{html.escape(str(index.get('profile')))}</b>, {html.escape(when)}, "
+            f"from commit{'s' * (len(commits) > 1)} {', '.join(f'<code>{html.escape(c)}</code>' for c in commits)}; "
+            f"torch {html.escape(str((p.get('versions') or {}).get('torch')))}. The chapters took "
+            f"{_duration(seconds)} in all (each chapter's time is in the table below).</p>")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} seconds" if seconds < 90 else f"{seconds / 60:.0f} minutes"
+
+
+def _c7_parts(verdicts: Sequence[Verdict]) -> list[Verdict]:
+    return [v for v in verdicts if v.id == "C7" and v.role != DECISION]
+
+
+def bottom_line(verdicts: Sequence[Verdict]) -> str:
+    """A paragraph written from the decisions: how many claims hold, which, and the headline's parts."""
+    decisions = study_decisions(verdicts)
+    if not decisions:
+        return "<p>No verdicts yet.</p>"
+    names = {k: [d.id for d in decisions if d.verdict == k] for k in (HOLDS, CONDITIONAL, INCONCLUSIVE, FAILS)}
+
+    def group(k: str, one: str, many: str) -> str:
+        ids = names[k]
+        return f"{len(ids)} {one if len(ids) == 1 else many} ({', '.join(ids)})" if ids else ""
+
+    summary = ", ".join(g for g in (group(HOLDS, "holds", "hold"),
+                                    group(CONDITIONAL, "holds only under stated conditions",
+                                          "hold only under stated conditions"),
+                                    group(INCONCLUSIVE, "is inconclusive", "are inconclusive"),
+                                    group(FAILS, "does not hold", "do not hold")) if g)
+    text = (f"<p>Of the {len(decisions)} claims measured here, {summary}. A claim holds only where the 95% "
+            "confidence interval of its measurement clears the bar the source document sets; where some "
+            "configurations clear it and others do not, it holds under conditions, and those conditions are "
+            "named beside it.</p>")
+    c7 = next((d for d in decisions if d.id == "C7"), None)
+    parts = _c7_parts(verdicts)
+    if c7 is not None and parts:
+        items = "".join(f"<li>{html.escape(p.metric)}: {html.escape(format_ci(p.measured, p.ci, p.n, p.unit))} "
+                        f"{badge(p.verdict)}</li>" for p in sorted(parts, key=_severity))
+        text += (f"<p>The headline (C7: over 99% of quality kept, end-to-end latency cut more than tenfold, "
+                 f"throughput up 8 to 12 times) is judged by its weakest part: {badge(c7.verdict)}. Its parts, "
+                 f"weakest first:</p><ul>{items}</ul>")
+    return text
+
+
+def _severity(v: Verdict) -> int:
+    return {FAILS: 0, INCONCLUSIVE: 1, CONDITIONAL: 2, HOLDS: 3}.get(v.verdict, 1)
+
+
+def claims_table(verdicts: Sequence[Verdict], chapters: Mapping[int, str]) -> str:
+    rows = []
+    for d in study_decisions(verdicts):
+        claim = CLAIMS.get(d.id)
+        chs = sorted({v.chapter for v in verdicts if v.id == d.id and v.role == DECISION})
+        links = ", ".join(f"<a href='ch{c:02d}.html'>{c}</a>" if c in chapters else str(c) for c in chs)
+        decided = f"{html.escape(d.metric)}: {html.escape(format_ci(d.measured, d.ci, d.n, d.unit))}"
+        rows.append(f"<tr><td><b>{d.id}</b></td><td>{html.escape(claim.text if claim else d.claim)}</td>"
+                    f"<td>{badge(d.verdict)}</td><td>{decided}</td><td>{html.escape(d.conditions or '')}</td>"
+                    f"<td>{links}</td></tr>")
+    return ("<div class='table-wrap'><table class='claims'><tr><th>claim</th><th>what the document says</th>"
+            "<th>verdict</th><th>decided by</th><th>conditions</th><th>chapter</th></tr>"
+            + "".join(rows) + "</table></div>")
+
+
+def bar_ratio(v: Verdict) -> tuple[float, float, float] | None:
+    """The measurement as a multiple of its bar (>= 1 clears it), with its CI, for the figure."""
+    if not isinstance(v.measured, int | float) or v.ci is None or not v.threshold:
+        return None
+    m, lo, hi, t = float(v.measured), float(v.ci[0]), float(v.ci[1]), float(v.threshold)
+    if v.direction == AT_LEAST and t > 0 and m > 0 and lo > 0:
+        return m / t, lo / t, hi / t
+    if v.direction == AT_MOST and m > 0 and lo > 0 and hi > 0:
+        return t / m, t / hi, t / lo
+    return None
+
+
+def claims_figure(verdicts: Sequence[Verdict], path: Path) -> Path | None:
+    """One dot per measured row with a bar: measured ÷ claimed bar on a log axis, 95% CI as whiskers,
+    coloured by verdict; the vertical line at 1 is the bar."""
+    rows = [(v, r) for v in verdicts if (r := bar_ratio(v)) is not None]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    sns.set_theme(style="whitegrid", context="notebook")
+    colours = {HOLDS: "#1a7f37", CONDITIONAL: "#9a6700", INCONCLUSIVE: "#6e6e9e", FAILS: "#c33"}
+    rows.sort(key=lambda vr: (int(vr[0].id[1:]), vr[0].chapter))
+    fig, ax = plt.subplots(figsize=(9, 0.42 * len(rows) + 1.4))
+    for i, (v, (m, lo, hi)) in enumerate(rows):
+        ax.errorbar(m, i, xerr=[[m - lo], [hi - m]], fmt="o", color=colours.get(v.verdict, "#555"), capsize=3)
+    labels = [textwrap.shorten(f"{v.id} ch{v.chapter}: {v.metric}", 70, placeholder=" (…)") for v, _ in rows]
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.axvline(1.0, color="#222", lw=1)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}x"))
+    ax.set_xlabel("measured ÷ the claim's bar (right of the line: bar met; whiskers: 95% CI)")
+    handles = [plt.Line2D([], [], marker="o", ls="", color=c, label=k) for k, c in colours.items()]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.9 / (0.42 * len(rows) + 1.4)),
+              ncol=4, frameon=False, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def chapters_table(out: Path, index: Mapping[str, Any], chapters: Sequence[tuple[int, str]],
+                   notebooks: Mapping[int, Path] | None = None) -> str:
+    """One row per chapter that ran, failed or exists as a notebook: its verdicts, status and time."""
+    records = index.get("chapters", {})
+    titles = dict(chapters)
+    for c, nb in (notebooks or {}).items():
+        titles.setdefault(c, nb.stem.split("_", 1)[-1].replace("_", " ").capitalize())
+    numbers = sorted({*titles, *(int(k) for k in records), *(int(p.stem[2:]) for p in out.glob("ch[0-9][0-9].json"))})
+    rows = []
+    for c in numbers:
+        nn = f"ch{c:02d}"
+        rec = records.get(str(c)) or {}
+        data = load_chapter(out / f"{nn}.json") if (out / f"{nn}.json").exists() else None
+        title = titles.get(c) or (data or {}).get("title") or f"Chapter {c}"
+        badges = " ".join(badge(v.verdict, f"{v.id}: {v.verdict}") for v in (data["verdicts"] if data else [])
+                          if v.role == DECISION)
+        secs = rec.get("seconds")
+        status = rec.get("status", "ok" if data else "not run")
+        if status == "failed":
+            status = f"failed: {rec.get('error', '')}" + (" (the page and verdicts shown are from the last "
+                                                          "successful run)" if data else "")
+        dirty = " (dirty tree)" if rec.get("dirty_tree") else ""
+        page_name = next((n for n in (f"{nn}.html", f"{nn}.failed.html") if (out / n).exists()), None)
+        link = f"<a href='{page_name}'>{html.escape(title)}</a>" if page_name else html.escape(title)
+        files = " · ".join(f"<a href='{n}'>{label}</a>" for n, label in
+                           ((f"{nn}.ipynb", "notebook"), (f"{nn}.json", "data"), (f"{nn}.failed.html", "failed run"))
+                           if (out / n).exists())
+        took = "" if not isinstance(secs, int | float) else (f"{secs / 60:.1f} min" if secs >= 60 else f"{secs:.0f} s")
+        rows.append(f"<tr><td>{c}</td><td>{link}</td><td>{badges}</td><td>{html.escape(status)}{dirty}</td>"
+                    f"<td>{took}</td><td>{files}</td></tr>")
+    return ("<div class='table-wrap'><table class='chapters'><tr><th>#</th><th>chapter</th><th>verdicts</th>"
+            "<th>status</th><th>time</th><th>files</th></tr>" + "".join(rows) + "</table></div>")
+
+
+def search_index(out: Path, chapters: Sequence[tuple[int, str]]) -> list[dict[str, str]]:
+    """Markdown cells of every chapter, each under its nearest heading, for the page's search box."""
+    import nbformat
+
+    entries = []
+    for c, title in chapters:
+        nb = nbformat.read(str(out / f"ch{c:02d}.ipynb"), as_version=4)
+        heading = title
+        for cell in nb.cells:
+            if cell.cell_type != "markdown":
+                continue
+            for line in cell.source.splitlines():
+                if line.startswith("#"):
+                    heading = line.lstrip("#").strip()
+            text = " ".join(cell.source.split())
+            if text:
+                entries.append({"chapter": f"{c}. {title}", "href": f"ch{c:02d}.html", "heading": heading,
+                                "text": text})
+    return entries
+
+
+def _spread(out: Path) -> str:
+    """Why the same kind of number differs between chapters: the conditions, read from each run's params."""
+    def param(ch: int, key: str) -> Any:
+        f = out / f"ch{ch:02d}.json"
+        if not f.exists():
+            return None
+        return (json.loads(f.read_text(encoding="utf-8")).get("params") or {}).get(key)
+
+    s4, s5, s7 = param(4, "system_tokens"), param(5, "system_tokens"), param(7, "system_tokens")
+    n5 = param(5, "n_requests")
+    lines = []
+    if s4 and s7 and s5:
+        lines.append(f"<li><b>Prefix-cache time to first token.</b> Chapter 4 measures one request at a time "
+                     f"behind a {s4}-token shared system prompt, chapter 7 behind {s7} tokens mixed with other "
+                     f"workloads, chapter 5 behind {s5} tokens with the batch full: the longer the shared "
+                     "prefix and the more of the prompt it is, the larger the gain, and under load the queue, "
+                     "not the prefill, dominates the wait.</li>")
+    if n5:
+        lines.append(f"<li><b>Throughput gain.</b> Chapter 5 serves {n5} requests at once through the serving "
+                     "engine; chapter 7 reads that figure for C7. A throughput gain depends on how many requests "
+                     "can share a step, so a smaller workload gives a smaller gain on the same engine.</li>")
+    lines.append("<li><b>Speed-ups of decoders.</b> Chapters 2, 3 and 7 time single requests; a method's "
+                 "speed-up depends on the workload (code and summaries repeat their input, chat does not), which is "
+                 "why each table names its workload.</li>")
+    return "<ul>" + "".join(lines) + "</ul>"
+
+
+def write_front_page(out: Path, index: Mapping[str, Any], chapters: Sequence[tuple[int, str]] | None = None,
+                     notebooks: Mapping[int, Path] | None = None) -> Path:
+    """``<out>/index.html``; ``chapters`` (number, title) default to the executed notebooks in ``out``,
+    ``notebooks`` name the chapters that have not run yet."""
+    from studylib.workbook.book import chapter_list
+
+    chapters = chapter_list(out) if chapters is None else chapters
+    verdicts = load_verdicts(out)
+    chapter_titles = dict(chapters)
+    c7 = CLAIMS["C7"]
+    records = index.get("chapters", {})
+    dirty = [int(k) for k, rec in sorted(records.items(), key=lambda kv: int(kv[0])) if rec.get("dirty_tree")]
+    fig = claims_figure(verdicts, out / "claims_vs_measured.png")
+    parts = [
+        "<h1>Fast LLM inference: a reproducible study</h1>",
+        "<p class='lead'>A Chinese essay on fast inference for large language models claims that parallel and "
+        "speculative decoding, computation compression, prefix-tree caching, dynamic batching and sparse or "
+        "memory-augmented attention keep more than 99% of generation quality while cutting latency more than "
+        "tenfold and raising throughput 8 to 12 times. Each chapter of this study implements one of those "
+        "techniques for real, measures it against a named baseline on the same machine, and states whether the "
+        "claim holds by a fixed rule.</p>",
+    ]
+    if dirty:
+        parts.append(f"<div class='studylib-dirty'><b>Dirty tree:</b> chapter{'s' * (len(dirty) > 1)} "
+                     f"{', '.join(map(str, dirty))}. {html.escape(DIRTY_NOTE)}</div>")
+    parts += [
+        "<h2>What the source document says</h2>",
+        f"<blockquote class='source'><p>{zh(c7.quote_zh)}</p><p><i>{html.escape(c7.text)}</i></p></blockquote>",
+        "<p>The essay makes nine claims in all (C1 to C9 below): from why token-by-token decoding is slow, through "
+        "what each technique does, to the headline above. Each is stated in the essay's words and in English at "
+        "the top of the chapter that tests it.</p>",
+        "<h2>What was run</h2>", what_was_run(out, index),
+        "<h2>The bottom line</h2>", bottom_line(verdicts),
+        "<h2>The claims, one line each</h2>",
+        "<p>One decision per claim. A claim with parts that must all hold (C6, C7) is decided by its weakest part "
+        "on one configuration; a claim tested in two chapters takes each chapter as a condition.</p>",
+        claims_table(verdicts, chapter_titles),
+    ]
+    if fig is not None:
+        parts += ["<h2>Claimed against measured</h2>",
+                  f"<p><img src='{fig.name}' alt='Each measured row as a multiple of its claimed bar, with its 95% "
+                  "confidence interval'></p>"]
+    parts += [
+        "<h2>The chapters</h2>", chapters_table(out, index, chapters, notebooks),
+        "<h2>Search the chapters</h2>",
+        "<p><input id='search' type='search' placeholder='a word or phrase, e.g. radix, Quest, TTFT'></p>"
+        "<ul id='hits'></ul>",
+        "<script type='application/json' id='search-index'>"
+        + json.dumps(search_index(out, chapters), ensure_ascii=False).replace("</", "<\\/") + "</script>",
+        "<h2>Reading numbers across chapters</h2>",
+        "<p>Where two chapters report the same kind of number, they measure it under different conditions, and "
+        "each chapter names its own beside the number:</p>", _spread(out),
+        "<h2>Rerun it</h2>",
+        "<p>On a CPU, with the embedded model (about an hour on two cores, the first run included):</p>"
+        "<pre class='cmd'>git clone &lt;this repository&gt; &amp;&amp; cd studylib\nmake reproduce   "
+        "# writes reports/cpu/, this page included</pre>"
+        "<p>On your own GPU and model (a Hugging Face id or a local path), one chapter or all:</p>"
+        "<pre class='cmd'>.venv/bin/studylib reproduce --profile gpu -p model=&lt;hf-id-or-path&gt; -p device=cuda\n"
+        ".venv/bin/studylib reproduce --profile gpu --chapters 5 -p model=&lt;hf-id-or-path&gt; -p device=cuda\n"
+        ".venv/bin/studylib book --profile cpu   # re-render these pages from the executed notebooks</pre>"
+        "<p>The whole study on one page, for printing: <a href='book.html'>book.html</a>"
+        + (" (and <a href='book.pdf'>book.pdf</a>)" if (out / "book.pdf").exists() else "") + ".</p>",
+    ]
+    if verdicts:
+        parts.append("<details class='all'><summary>Every verdict of every chapter, with its parts</summary>"
+                     "<div class='table-wrap'>" + verdict_table(verdicts).to_html() + "</div></details>")
+    return atomic_write(out / "index.html", page("Fast LLM inference: a reproducible study", "".join(parts),
+                                                 _FRONT_CSS, _SEARCH_JS))

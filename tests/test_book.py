@@ -1,0 +1,147 @@
+"""The rendered book: chapter pages open with their claims and computed summary, hide setup cells, link
+to their neighbours, carry the CJK font; the front page is written from the verdicts. No execution:
+the report folder is built by hand from tiny notebooks and judged verdicts."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from studylib.claims import CLAIMS, decide_parts, judge_at_least, judge_at_most
+from studylib.workbook import save_chapter
+from studylib.workbook.book import build_book, format_ci, is_setup_cell, sig
+from studylib.workbook.fonts import FONT_FAMILY, cjk_chars, covered_chars, project_chars
+
+
+def _notebook(title: str, extra_md: str = "") -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    imports = nbformat.v4.new_code_cell("import math\n\nimport pandas as pd\nfrom studylib import plots\n\nplots.setup()")
+    params = nbformat.v4.new_code_cell('profile = "smoke"\nsecret_default = 1', metadata={"tags": ["parameters"]})
+    injected = nbformat.v4.new_code_cell('# Parameters\nsecret_injected = 2', metadata={"tags": ["injected-parameters"]})
+    work = nbformat.v4.new_code_cell("result = measure_things()")
+    work.outputs = [nbformat.v4.new_output("display_data", data={"text/html": "<table><tr><td>42</td></tr></table>"})]
+    nb.cells = [nbformat.v4.new_markdown_cell(f"# {title}\n\nWhat this chapter does."), imports, params, injected,
+                nbformat.v4.new_markdown_cell("## A section\n\nThe word radix appears here. " + extra_md), work,
+                nbformat.v4.new_markdown_cell("## Try this\n\nAn old, broken `-p 'sweep_gammas=[...]'`."),
+                nbformat.v4.new_code_cell("from studylib.workbook.exercises import show_exercises\n\nshow_exercises(1)")]
+    return nb
+
+
+def _study(tmp_path):
+    lat = judge_at_least("C7", "latency reduction", (3.0, 2.5, 3.5, 10), 10.0, ">10x", "cpu", 2, unit="requests")
+    q = judge_at_least("C7", "quality retained", (0.9996, 0.9991, 1.0, 10), 0.99, ">99%", "cpu", 2, unit="prompts")
+    save_chapter(2, "Combined", decide_parts("C7", "all at once", [q, lat], "", "cpu", 2), {}, tmp_path,
+                 params={"model": "tiny", "dtype": "float32", "device": "cpu", "profile": "cpu"}, display=False)
+    save_chapter(1, "Baseline", [judge_at_most("C1", "step time ratio", (1.2, 1.1, 1.3, 12), 2.0, "<=2", "cpu", 1,
+                                               unit="prompts")],
+                 {}, tmp_path, params={"model": "tiny", "device": "cpu", "profile": "cpu"}, display=False)
+    nbformat.write(_notebook("Chapter 1: the baseline", "原文"), str(tmp_path / "ch01.ipynb"))
+    nbformat.write(_notebook("Chapter 2: combined"), str(tmp_path / "ch02.ipynb"))
+    index = {"profile": "cpu", "chapters": {"1": {"status": "ok", "seconds": 75.0}, "2": {"status": "ok", "seconds": 12.0}}}
+    build_book(tmp_path, index)
+    return tmp_path
+
+
+def test_chapter_page_opens_with_claim_and_computed_summary(tmp_path):
+    out = _study(tmp_path)
+    page = (out / "ch02.html").read_text(encoding="utf-8")
+    title_at = page.index("Chapter 2: combined")
+    summary_at = page.index("class='summary'")
+    assert title_at < summary_at < page.index("What this chapter does.")  # the summary sits under the title
+    assert CLAIMS["C7"].quote_zh[:10] in page and CLAIMS["C7"].text[:30] in page
+    # the parts with CI and n, formatted by the library (four digits where three would print 1 to 1)
+    assert "0.9996 (95% CI 0.9991 to 1, n=10 prompts)" in page
+    assert "3 (95% CI 2.5 to 3.5, n=10 requests)" in page
+    assert "does not hold" in page
+
+
+def test_setup_cells_hidden_and_settings_in_appendix(tmp_path):
+    out = _study(tmp_path)
+    page = (out / "ch01.html").read_text(encoding="utf-8")
+    assert "import math" not in page and "plots.setup" not in page
+    assert "secret_default" not in page and "secret_injected" not in page
+    assert "measure_things" in page and "<td>42</td>" in page  # the work itself stays
+    assert "Run: tiny" in page and "profile cpu" in page
+    assert page.index("Run: tiny") < page.index("A section")
+    assert "<details class='appendix'>" in page and "Appendix: every parameter" in page
+
+
+def test_try_this_comes_from_the_tested_exercises(tmp_path):
+    out = _study(tmp_path)
+    page = (out / "ch01.html").read_text(encoding="utf-8")
+    assert "sweep_gammas=[...]" not in page and "show_exercises" not in page
+    assert "studylib reproduce --profile cpu --chapters 1 --out /tmp/try01 -p dtype=bfloat16" in page
+    assert "Look for:" in page
+
+
+def test_navigation_links_neighbours_and_contents(tmp_path):
+    out = _study(tmp_path)
+    one, two = (out / "ch01.html").read_text(encoding="utf-8"), (out / "ch02.html").read_text(encoding="utf-8")
+    assert "href='ch02.html'" in one and "href='ch01.html'" not in one
+    assert "href='ch01.html'" in two and "href='index.html'" in two
+    book = (out / "book.html").read_text(encoding="utf-8")
+    assert book.index("id='ch01'") < book.index("id='ch02'") and "<nav class='book" not in book
+
+
+def test_front_page_written_from_verdicts(tmp_path):
+    out = _study(tmp_path)
+    page = (out / "index.html").read_text(encoding="utf-8")
+    order = ["What the source document says", "What was run", "The bottom line", "The claims, one line each",
+             "Claimed against measured", "The chapters", "Search the chapters", "Rerun it", "Every verdict"]
+    at = [page.index(h if h == "Every verdict" else f"<h2>{h}") for h in order]
+    assert at == sorted(at)
+    assert "1 holds (C1), 1 does not hold (C7)" in page
+    # C7's parts listed weakest first: the failing latency part before the quality part that holds
+    assert page.index("latency reduction: 3") < page.index("quality retained: 0.9996")
+    assert "1.2 min" in page and "12 s" in page
+    assert (out / "claims_vs_measured.png").exists() and "src='claims_vs_measured.png'" in page
+    assert '"radix' not in page and "The word radix appears here." in page  # the search index, escaped JSON
+
+
+def test_pages_carry_a_font_for_every_chinese_character(tmp_path):
+    out = _study(tmp_path)
+    covered = covered_chars()
+    assert covered, "studylib/workbook/assets/cjk-subset.woff is missing"
+    for name in ("index.html", "ch01.html", "ch02.html", "book.html"):
+        text = (out / name).read_text(encoding="utf-8")
+        assert f"font-family: '{FONT_FAMILY}'" in text and "data:font/woff;base64," in text
+        missing = cjk_chars(text) - covered
+        assert not missing, f"{name}: regenerate the font subset (python -m studylib.workbook.fonts): {missing}"
+
+
+def test_font_subset_covers_every_chinese_character_in_the_sources():
+    missing = project_chars() - covered_chars()
+    assert not missing, ("the CJK subset lacks " + "".join(sorted(missing)) +
+                         "; regenerate it: python -m studylib.workbook.fonts --source wqy-microhei.ttc")
+
+
+@pytest.mark.parametrize(("value", "ci", "n", "text"), [
+    (1.61, (1.0, 3.95), 10, "1.61 (95% CI 1 to 3.95, n=10)"),
+    (0.99962, (0.99911, 1.0), 10, "0.9996 (95% CI 0.9991 to 1, n=10)"),
+    (1.0, (1.0, 1.0), 10, "1 (95% CI 1 to 1, n=10)"),
+    (123456.0, None, None, "123456"),
+    ("2/4 hold", None, None, "2/4 hold"),
+    (None, None, None, "not measured"),
+])
+def test_format_ci(value, ci, n, text):
+    assert format_ci(value, ci, n) == text
+
+
+def test_sig_never_scientific_for_study_magnitudes():
+    assert sig(0.000123) == "0.000123" and sig(12345.6) == "12346" and sig(2.0) == "2" and sig(0.5) == "0.5"
+
+
+def test_setup_cell_rule():
+    cell = nbformat.v4.new_code_cell
+    assert is_setup_cell(cell("import a\nfrom b import c\n\nplots.setup()"))
+    assert is_setup_cell(cell("x = 1", metadata={"tags": ["parameters"]}))
+    assert not is_setup_cell(cell("import a\nrun()\nmore()\nplot()"))
+    assert not is_setup_cell(nbformat.v4.new_markdown_cell("import this"))
+
+
+def test_book_cli_without_a_run_is_one_line_and_exit_2(tmp_path, capsys):
+    from studylib.cli import main
+
+    assert main(["book", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no executed chapter" in err[0] and "studylib reproduce" in err[0]

@@ -1,0 +1,93 @@
+"""The rendered study, read in a real browser: headless Chromium (Debian's ``chromium``) driven by
+Playwright with ``executable_path``. Every page of the committed ``reports/cpu`` (and of a small study
+built here) must fit the window with no horizontal overflow of the page body, load every image, log
+no console error, and draw its Chinese with the embedded font. Skips, with the reason, only where the
+browser or Playwright cannot be had (``.ci/run`` installs both)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from studylib.workbook.fonts import FONT_FAMILY
+
+REPORTS = Path(__file__).resolve().parents[1] / "reports" / "cpu"
+
+
+def _chromium() -> str:
+    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+    exe = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if not exe:
+        pytest.skip("no Chromium on this machine (apt-get install chromium; .ci/run does)")
+    return exe
+
+
+@pytest.fixture(scope="module")
+def browser():
+    exe = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+def read_page(browser, path: Path, width: int = 1280) -> dict:
+    """Open ``path`` from the file system and report what a reader would notice."""
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(path.resolve().as_uri(), wait_until="load")
+    page.evaluate("document.fonts.ready.then(() => true)")
+    facts = page.evaluate(f"""() => {{
+        const root = document.documentElement;
+        const zh = [...document.querySelectorAll('[lang="zh-CN"]')];
+        return {{
+            overflow: root.scrollWidth - root.clientWidth,
+            broken: [...document.images].filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src),
+            images: document.images.length,
+            zh: zh.length,
+            zhText: zh.map(e => e.textContent).join(''),
+            fontLoaded: [...document.fonts].some(f => f.family.replace(/['"]/g, '') === '{FONT_FAMILY}'
+                                                     && f.status === 'loaded'),
+        }};
+    }}""")
+    page.close()
+    facts["errors"] = errors
+    return facts
+
+
+def _check(facts: dict, name: str) -> None:
+    assert facts["overflow"] <= 1, f"{name}: the page is {facts['overflow']} px wider than the window"
+    assert not facts["broken"], f"{name}: images that did not load: {facts['broken']}"
+    assert not facts["errors"], f"{name}: console errors: {facts['errors']}"
+
+
+def _committed_pages() -> list[Path]:
+    return sorted(REPORTS.glob("ch[0-9][0-9].html")) + [REPORTS / "index.html"]
+
+
+@pytest.mark.parametrize("path", _committed_pages(), ids=lambda p: p.name)
+def test_committed_page_reads_well(browser, path):
+    if not path.exists():
+        pytest.skip(f"{path} is not rendered in this checkout")
+    facts = read_page(browser, path)
+    _check(facts, path.name)
+    assert facts["zh"] >= 1 and facts["fontLoaded"], f"{path.name}: no Chinese drawn with the embedded font"
+    if path.name == "index.html":
+        assert facts["images"] >= 1  # the claimed-vs-measured figure
+
+
+def test_a_fresh_small_study_reads_well_narrow_too(browser, tmp_path):
+    from test_book import _study  # tests/ is on sys.path under pytest's default import mode
+
+    out = _study(tmp_path)
+    for name in ("index.html", "ch01.html", "ch02.html", "book.html"):
+        for width in (1280, 700):
+            facts = read_page(browser, out / name, width)
+            _check(facts, f"{name} at {width} px")
+            assert facts["fontLoaded"], name

@@ -1,0 +1,59 @@
+"""Every "Try this" command works as printed: the reproduce ones pass ``studylib reproduce --dry-run``
+(parameter names and types against the notebooks, models and patterns resolved), each changes something
+in the cpu profile, and the others parse with their own command's parser."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from studylib.workbook.exercises import EXERCISES, exercises_markdown, reproduce_command
+from studylib.workbook.paths import notebooks_dir
+from studylib.workbook.runner import discover, load_profile, parse_overrides
+
+CASES = [(ch, i, ex) for ch, items in EXERCISES.items() for i, ex in enumerate(items, 1)]
+
+
+def test_every_chapter_has_exercises():
+    assert set(EXERCISES) == set(discover(notebooks_dir()))
+    assert all(len(items) >= 2 for items in EXERCISES.values())
+
+
+@pytest.mark.parametrize(("chapter", "number", "exercise"), CASES, ids=[f"ch{c:02d}-{i}" for c, i, _ in CASES])
+def test_command_works_as_printed(chapter, number, exercise, monkeypatch, capsys):
+    from studylib.cli import build_parser, main
+
+    assert exercise.question.strip() and exercise.look_for.strip()
+    profile = load_profile("cpu", notebooks_dir() / "params")
+    for command in exercise.commands(chapter):
+        argv = shlex.split(command)
+        while "=" in argv[0]:  # leading VAR=value assignments, as a shell reads them
+            name, value = argv.pop(0).split("=", 1)
+            monkeypatch.setenv(name, value)
+        assert argv[0] == "studylib", command
+        if argv[1] != "reproduce":
+            build_parser().parse_args(argv[1:])  # exits (fails the test) on an unknown flag or bad value
+            continue
+        assert main([*argv[1:], "--dry-run"]) == 0, capsys.readouterr().err
+        args = build_parser().parse_args(argv[1:])
+        overrides = parse_overrides(args.param)
+        chapter_cfg = {**profile.get("common", {}), **profile.get(f"ch{int(args.chapters):02d}", {})}
+        if overrides:  # the change is a change: at least one value differs from the cpu profile's
+            assert any(chapter_cfg.get(k) != v for k, v in overrides.items()), command
+
+
+def test_values_survive_the_round_trip():
+    cmd = reproduce_command(6, {"quality_patterns": ["window:256", "sinks:4,252"], "attention": "sinks:4,60",
+                                "n_tokens": 2048, "chunk_size": None})
+    argv = shlex.split(cmd)
+    params = [argv[i + 1] for i, a in enumerate(argv) if a == "-p"]
+    assert parse_overrides(params) == {"quality_patterns": ["window:256", "sinks:4,252"], "attention": "sinks:4,60",
+                                       "n_tokens": 2048, "chunk_size": None}
+
+
+def test_markdown_lists_question_look_for_and_command():
+    text = exercises_markdown(5)
+    assert text.startswith("## Try this") and "*Look for:*" in text
+    assert "studylib reproduce --profile cpu --chapters 5" in text and "bench-serve" in text
+    assert exercises_markdown(99) == ""
