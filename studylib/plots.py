@@ -40,6 +40,9 @@ def setup(context: str = "notebook") -> None:
         "axes.titlesize": "medium", "axes.titleweight": "bold", "legend.frameon": False,
         "legend.fontsize": "small",
     })
+    from studylib.workbook.tables import install
+
+    install()  # every DataFrame a chapter displays goes through one formatting layer
     try:
         from IPython import get_ipython
 

@@ -1,4 +1,4 @@
-"""``studylib bench ar``: the foundation's side-by-side decode benchmark."""
+"""``studylib bench ar``: the side-by-side decode benchmark (ours against HF transformers)."""
 
 from __future__ import annotations
 

@@ -322,7 +322,7 @@ def anchors_frame(summary_all: pd.DataFrame | None = None, model: str = "", hard
 
 
 def performance_aim(by_workload: pd.DataFrame, pld: str, sps: str, peers: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The issue's aims, measured, not asserted: PLD >= 2x AR on XSum; the distilled draft >= 1.5x AR on
+    """The study's performance targets, measured, not asserted: PLD >= 2x AR on XSum; the distilled draft >= 1.5x AR on
     chat; both faster than the HF peer configured the same way (from ``hf_peer_summary``)."""
     rows = []
     for method, workload, target in ((pld, "xsum", 2.0), (sps, "chat", 1.5)):

@@ -351,7 +351,7 @@ def c3_verdicts(summary: pd.DataFrame, method: str, chapter: int = 3, conditions
 
 def performance_aim(summary: pd.DataFrame, method: str, workloads: Sequence[str] = ("humaneval", "xsum"),
                     target: float = 1.3) -> pd.DataFrame:
-    """The issue's aim (lookahead >= 1.3x AR on code and summarisation), measured, not asserted."""
+    """The study's performance target (lookahead >= 1.3x AR on code and summarisation), measured, not asserted."""
     s = summary[(summary.method == method) & summary.workload.isin(workloads)]
     out = s[["workload", "method", "speedup", "speedup_lo", "speedup_hi"]].copy()
     out["target"] = target

@@ -298,7 +298,7 @@ def judge_c5(gains: pd.DataFrame, curve: pd.DataFrame, conditions: str) -> list[
 
 
 def performance_aim(gains: pd.DataFrame, target: float = 8.0) -> pd.DataFrame:
-    """The issue's aim: continuous + prefix cache >= ``target`` x sequential throughput at saturation."""
+    """The study's performance target: continuous + prefix cache >= ``target`` x sequential throughput at saturation."""
     rows = []
     for base in ("sequential", "sequential+radix", "static"):
         est = _gain(gains, "continuous+radix", base)

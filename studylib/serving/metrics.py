@@ -54,7 +54,7 @@ def meets_slo(req: Request, slo: Mapping[str, float]) -> bool:
 
 def summarize(requests: Sequence[Request], duration_s: float, slo: Mapping[str, float] | None = None,
               steps: int | None = None, preemptions: int | None = None) -> dict:
-    """The ``bench-serve --json`` summary (the issue's keys first, then extras)."""
+    """The ``bench-serve --json`` summary (vLLM's benchmark keys first, then extras)."""
     slo = check_slo(slo)
     done = [r for r in requests if r.status is RequestStatus.FINISHED]
     out_tokens = sum(len(r.output_ids) for r in done)

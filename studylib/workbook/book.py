@@ -57,6 +57,7 @@ table.kv td { word-break: break-word; }
 .studylib-error { background: #f8d4d4; border: 1px solid #c33; padding: 0.6em 1em; margin: 1em 0;
        font-family: monospace; white-space: pre-wrap; }
 img { max-width: 100%; height: auto; }
+figure.mechanism { margin: 1em 0; text-align: center; } figure.mechanism figcaption { font-size: 0.85em; color: #555; }
 """
 _NOTEBOOK_CSS = """
 .cell { margin: 0.7em 0; } .anchor-link { display: none; }
@@ -159,6 +160,8 @@ def claim_summary(decision: Verdict, parts: Sequence[Verdict]) -> str:
         number += bar
     else:
         items = []
+        order = {FAILS: 0, INCONCLUSIVE: 1, "holds under conditions": 2, HOLDS: 3}
+        parts = sorted(parts, key=lambda v: order.get(v.verdict, 1))  # weakest first: a skimmer reads the failure
         for p in parts[:6]:
             items.append(f"<li>{html.escape(p.metric)}: "
                          f"{html.escape(format_ci(p.measured, p.ci, p.n, p.unit))} {badge(p.verdict)}</li>")
@@ -213,6 +216,28 @@ def appendix(data: Mapping[str, Any]) -> str:
 
 # ------------------------------------------------------------------------------------------ chapters
 
+def mechanism_html(chapter: int, params: Mapping[str, Any]) -> str:
+    """The chapter's mechanism picture(s) (``studylib.diagrams``), inlined as PNG under its summary."""
+    import base64
+    import io
+
+    from studylib.diagrams import _plt, mechanism_figures
+
+    caption, figs = mechanism_figures(chapter, params)
+    if not figs:
+        return ""
+    plt = _plt()
+    imgs = []
+    for fig in figs:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+        plt.close(fig)
+        data = base64.b64encode(buf.getvalue()).decode("ascii")
+        imgs.append(f"<img src='data:image/png;base64,{data}' alt='{html.escape(caption)}'>")
+    return (f"<figure class='mechanism'>{''.join(imgs)}<figcaption>{html.escape(caption)} (a diagram drawn by "
+            "<code>studylib.diagrams</code> with this run's sizes; the measurements follow)</figcaption></figure>")
+
+
 def is_setup_cell(cell: Any) -> bool:
     """A code cell that only imports (or only sets papermill parameters): hidden in the page."""
     if cell.get("cell_type") != "code":
@@ -241,7 +266,7 @@ def _notebook_body(nb: Any, chapter: int = 0) -> str:
         remove = is_setup_cell(cell)
         if cell.cell_type == "markdown" and cell.source.startswith("## Try this") and exercises:
             cell.source = exercises
-        if cell.cell_type == "code" and "show_exercises(" in cell.source:
+        if cell.cell_type == "code" and ("show_exercises(" in cell.source or "show_mechanism(" in cell.source):
             remove = True
         if remove:
             tags = list(cell.metadata.get("tags", []))
@@ -305,6 +330,7 @@ def render_chapter(nb: Any, data: Mapping[str, Any] | None, chapters: Sequence[t
                    f"{html.escape(error)}</div>")
     head, rest = _split_title(_notebook_body(nb, chapter)) if nb is not None else ("", "")
     top = (chapter_summary(data) + settings_line(data)) if data else ""
+    top += mechanism_html(chapter, (data or {}).get("params") or {})
     body = (nav(chapters, chapter) + banner + head + top + rest + (appendix(data) if data else "")
             + nav(chapters, chapter, "bottom"))
     extra = _NOTEBOOK_CSS + HtmlFormatter(style="default").get_style_defs(".highlight")

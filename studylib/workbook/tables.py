@@ -1,0 +1,160 @@
+"""One formatting layer for every table a reader sees.
+
+Chapters compute with plain pandas frames (code names, floats, NaN, CI columns side by side); this
+module turns one into what a reader wants: readable headers with units, no 0..N index, three
+significant figures, "not measured" for NaN/None, yes/no for booleans, a value and its CI in one cell
+as ``1.61 (1.00-3.95, n=10)``, and nothing cut with "...". ``install()`` (called by
+``studylib.plots.setup()``, so by every chapter) makes it the HTML form of every DataFrame a notebook
+displays; ``readable(df)`` is the same for explicit use. The frames themselves, and what chapters save
+to JSON, are untouched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+NOT_MEASURED = "not measured"
+_UNITS = (("_tok_s", "tok/s"), ("_req_s", "req/s"), ("_gbs", "GB/s"), ("_gflops", "GFLOP/s"), ("_mib", "MiB"),
+          ("_mb", "MB"), ("_gb", "GB"), ("_ms", "ms"), ("_us", "µs"), ("_s", "s"), ("_pct", "%"), ("_x", "x"),
+          ("_nats", "nats"))
+_CI_SUFFIXES = (("_low", "_high"), ("_lo", "_hi"), ("_ci_low", "_ci_high"))
+_N_COLUMNS = ("n", "prompts", "requests", "documents", "repeats")
+_DROP = {"estimate"}  # Estimate objects: their numbers are in the neighbouring columns already
+_WORDS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "end-to-end", "e2el": "end-to-end latency",
+          "kv": "KV", "ar": "AR", "ci": "CI", "ppl": "perplexity", "kl": "KL", "p50": "p50", "p99": "p99",
+          "slo": "SLO", "hf": "HF", "gguf": "GGUF", "isa": "ISA", "tok": "tokens", "req": "requests"}
+
+
+def header(name: Any) -> str:
+    """``throughput_tok_s`` -> "throughput (tok/s)", ``ttft_p99_s`` -> "TTFT p99 (s)"."""
+    text = str(name)
+    unit = ""
+    for suffix, u in _UNITS:
+        if text.endswith(suffix) and len(text) > len(suffix):
+            text, unit = text[: -len(suffix)], u
+            break
+    words = [_WORDS.get(w.lower(), w) for w in text.replace("-", "_").split("_") if w]
+    out = " ".join(words)
+    out = out[:1].upper() + out[1:] if out and out[0].islower() else out
+    return f"{out} ({unit})" if unit else out
+
+
+def number(x: float, digits: int = 3) -> str:
+    """Three significant figures, never scientific notation for the magnitudes the study prints."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return NOT_MEASURED
+    if math.isinf(x):
+        return "∞" if x > 0 else "-∞"
+    if x == 0:
+        return "0"
+    if float(x).is_integer() and abs(x) < 1e15:
+        return f"{int(x):,}" if abs(x) >= 10_000 else str(int(x))
+    mag = math.floor(math.log10(abs(x)))
+    decimals = max(0, digits - 1 - mag)
+    if decimals > 8:
+        return f"{x:.{digits - 1}e}"
+    text = f"{x:.{decimals}f}"
+    if abs(x) >= 10_000:
+        return f"{float(text):,.0f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def cell(v: Any) -> str:
+    if v is None:
+        return NOT_MEASURED
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}" if abs(v) >= 10_000 else str(v)
+    if isinstance(v, float):
+        return number(v)
+    if hasattr(v, "item") and callable(v.item):  # numpy scalars
+        try:
+            return cell(v.item())
+        except (TypeError, ValueError):
+            pass
+    if isinstance(v, Mapping):
+        return ", ".join(f"{k}={cell(x)}" for k, x in v.items())
+    if isinstance(v, list | tuple):
+        return ", ".join(cell(x) for x in v)
+    return str(v)
+
+
+def _ci_columns(columns: list[str]) -> list[tuple[str, str, str]]:
+    """(value, low, high) column triples present in ``columns``."""
+    found = []
+    for c in columns:
+        for lo_s, hi_s in _CI_SUFFIXES:
+            lo, hi = f"{c}{lo_s}", f"{c}{hi_s}"
+            if lo in columns and hi in columns:
+                found.append((c, lo, hi))
+                break
+    return found
+
+
+def readable(df: Any):
+    """A frame of strings for the eye (see the module docstring); index dropped unless it carries labels."""
+    import pandas as pd
+
+    if not isinstance(df, pd.DataFrame):
+        return df
+    frame = df.copy()
+    if not isinstance(frame.index, pd.RangeIndex):
+        frame = frame.reset_index()
+    frame.columns = [str(c) for c in frame.columns]
+    frame = frame[[c for c in frame.columns if c not in _DROP]]
+    columns = list(frame.columns)
+    n_cols = [c for c in columns if c in _N_COLUMNS and pd.api.types.is_integer_dtype(frame[c])]
+    n_col = n_cols[0] if len(n_cols) == 1 else None
+    out = pd.DataFrame(index=frame.index)
+    merged: set[str] = set()
+    triples = {v: (lo, hi) for v, lo, hi in _ci_columns(columns)}
+    for c in columns:
+        if c in merged:
+            continue
+        if c in triples:
+            lo, hi = triples[c]
+            merged |= {lo, hi}
+            out[header(c) + " (95% CI" + (", n)" if n_col else ")")] = [
+                _with_ci(v, a, b, frame[n_col].iloc[i] if n_col else None)
+                for i, (v, a, b) in enumerate(zip(frame[c], frame[lo], frame[hi], strict=True))]
+        else:
+            out[header(c)] = [cell(v) for v in frame[c]]
+    return out.reset_index(drop=True)
+
+
+def _with_ci(v: Any, lo: Any, hi: Any, n: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return NOT_MEASURED
+    text = cell(v)
+    if lo is None or hi is None or any(isinstance(x, float) and math.isnan(x) for x in (lo, hi)):
+        return text
+    inner = f"{cell(lo)}-{cell(hi)}" + (f", n={cell(n)}" if n is not None else "")
+    return f"{text} ({inner})"
+
+
+def to_html(df: Any) -> str:
+    """The readable frame as a compact HTML table that scrolls rather than overflows, never truncated."""
+    table = readable(df).to_html(index=False, escape=True, border=0, classes="studylib-table", na_rep=NOT_MEASURED)
+    return f"<div style='max-width:100%;overflow-x:auto'>{table}</div>"
+
+
+def install() -> bool:
+    """Make ``to_html`` the HTML form of every DataFrame this IPython kernel displays (True if installed);
+    plain-text output stays pandas' own. Also lifts pandas' column and width limits, so no cell is cut."""
+    import pandas as pd
+
+    pd.set_option("display.max_columns", None)
+    pd.set_option("display.max_colwidth", None)
+    pd.set_option("display.width", None)
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None:
+        return False
+    shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, to_html)
+    return True

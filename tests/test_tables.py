@@ -1,0 +1,55 @@
+"""The one formatting layer for tables: readable headers with units, no index, three significant figures,
+"not measured" for NaN/None, value and CI in one cell, nothing truncated."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from studylib.workbook.tables import NOT_MEASURED, header, install, number, readable, to_html
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("throughput_tok_s", "Throughput (tok/s)"), ("ttft_p99_s", "TTFT p99 (s)"), ("kv_budget_mib", "KV budget (MiB)"),
+    ("step_ms", "Step (ms)"), ("arm", "Arm"), ("e2el_p50_s", "End-to-end latency p50 (s)"),
+])
+def test_headers_read_as_words_with_units(name, text):
+    assert header(name) == text
+
+
+@pytest.mark.parametrize(("x", "text"), [
+    (1.61234, "1.61"), (0.000123456, "0.000123"), (2.0, "2"), (123456.7, "123,457"), (float("nan"), NOT_MEASURED),
+    (12.345, "12.3"), (-0.5, "-0.5"), (math.inf, "∞"),
+])
+def test_three_significant_figures(x, text):
+    assert number(x) == text
+
+
+def test_ci_columns_merge_into_one_cell_with_n_and_no_index():
+    df = pd.DataFrame({"method": ["ar", "pld"], "prompts": [10, 10], "speedup": [1.0, 1.61234],
+                       "speedup_low": [1.0, 1.0], "speedup_high": [1.0, 3.951], "exact": [True, False],
+                       "note": [None, np.nan], "estimate": [object(), object()]}, index=[5, 9])
+    out = readable(df.reset_index(drop=True))
+    assert list(out.columns) == ["Method", "Prompts", "Speedup (95% CI, n)", "Exact", "Note"]
+    assert out.iloc[1].tolist() == ["pld", "10", "1.61 (1-3.95, n=10)", "no", NOT_MEASURED]
+    html = to_html(df.reset_index(drop=True))
+    assert "NaN" not in html and "None" not in html and "..." not in html and "<th></th>" not in html
+
+
+def test_a_labelled_index_becomes_a_column():
+    df = pd.DataFrame({"throughput_tok_s": [1.5]}, index=pd.Index(["chat"], name="workload"))
+    assert list(readable(df).columns) == ["Workload", "Throughput (tok/s)"]
+
+
+def test_long_text_is_never_cut():
+    long = "x" * 500
+    html = to_html(pd.DataFrame({"conditions": [long]}))
+    assert long in html
+
+
+def test_install_outside_a_kernel_is_a_no_op_but_lifts_truncation():
+    assert install() is False
+    assert pd.get_option("display.max_colwidth") is None
