@@ -19,7 +19,13 @@ def _notebook(title: str, extra_md: str = "") -> nbformat.NotebookNode:
     params = nbformat.v4.new_code_cell('profile = "smoke"\nsecret_default = 1', metadata={"tags": ["parameters"]})
     injected = nbformat.v4.new_code_cell('# Parameters\nsecret_injected = 2', metadata={"tags": ["injected-parameters"]})
     work = nbformat.v4.new_code_cell("result = measure_things()")
-    work.outputs = [nbformat.v4.new_output("display_data", data={"text/html": "<table><tr><td>42</td></tr></table>"})]
+    import numpy as np
+    import pandas as pd
+
+    raw = pd.DataFrame({"throughput_tok_s": [26.31234, np.nan], "speedup": [1.61, 2.0], "speedup_low": [1.0, 1.5],
+                        "speedup_high": [3.95, 2.5]}).to_html()  # what a notebook displayed before the layer
+    work.outputs = [nbformat.v4.new_output("display_data", data={"text/html": "<table><tr><td>42</td></tr></table>"}),
+                    nbformat.v4.new_output("display_data", data={"text/html": raw})]
     nb.cells = [nbformat.v4.new_markdown_cell(f"# {title}\n\nWhat this chapter does."), imports, params, injected,
                 nbformat.v4.new_markdown_cell("## A section\n\nThe word radix appears here. " + extra_md), work,
                 nbformat.v4.new_markdown_cell("## Try this\n\nAn old, broken `-p 'sweep_gammas=[...]'`."),
@@ -72,6 +78,13 @@ def test_try_this_comes_from_the_tested_exercises(tmp_path):
     assert "sweep_gammas=[...]" not in page and "show_exercises" not in page
     assert "studylib reproduce --profile cpu --chapters 1 --out /tmp/try01 -p dtype=bfloat16" in page
     assert "Look for:" in page
+
+
+def test_raw_pandas_tables_go_through_the_formatting_layer(tmp_path):
+    out = _study(tmp_path)
+    page = (out / "ch01.html").read_text(encoding="utf-8")
+    assert "Throughput (tok/s)" in page and "26.3" in page and "not measured" in page
+    assert "1.61 (1-3.95)" in page and "NaN" not in page and "throughput_tok_s" not in page
 
 
 def test_navigation_links_neighbours_and_contents(tmp_path):

@@ -53,3 +53,17 @@ def test_long_text_is_never_cut():
 def test_install_outside_a_kernel_is_a_no_op_but_lifts_truncation():
     assert install() is False
     assert pd.get_option("display.max_colwidth") is None
+
+
+def test_frame_from_pandas_html_round_trips_and_refuses_other_markup():
+    from studylib.workbook.tables import frame_from_html
+
+    df = pd.DataFrame({"arm": ["a", "b"], "x": [1.5, None], "ok": [True, False]})
+    back = frame_from_html(df.to_html())
+    assert back["arm"].tolist() == ["a", "b"] and back["ok"].tolist() == [True, False]
+    assert back["x"].iloc[0] == 1.5 and pd.isna(back["x"].iloc[1])
+    named = frame_from_html(df.set_index("arm").to_html())
+    assert list(named.columns) == ["arm", "x", "ok"]
+    two_level = pd.DataFrame([[1, 2]], columns=pd.MultiIndex.from_tuples([("a", "b"), ("a", "c")]))
+    assert frame_from_html(two_level.to_html()) is None
+    assert frame_from_html("<p>no table</p>") is None

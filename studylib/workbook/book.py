@@ -271,6 +271,8 @@ def _notebook_body(nb: Any, chapter: int = 0) -> str:
         if remove:
             tags = list(cell.metadata.get("tags", []))
             cell.metadata["tags"] = [*tags, "studylib-remove"]
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            _readable_output(out)
     c = Config()
     c.TagRemovePreprocessor.remove_cell_tags = ("studylib-remove",)
     c.TagRemovePreprocessor.enabled = True
@@ -279,6 +281,23 @@ def _notebook_body(nb: Any, chapter: int = 0) -> str:
     exporter.exclude_output_prompt = True
     body, _ = exporter.from_notebook_node(nb)
     return body
+
+
+def _readable_output(out: Any) -> None:
+    """Put a raw pandas table that a notebook displayed (before the formatting layer existed, or from a
+    frame it printed directly) through ``studylib.workbook.tables``; anything else stays as it is."""
+    from studylib.workbook.tables import frame_from_html, to_html
+
+    data = out.get("data") or {}
+    markup = data.get("text/html")
+    if not markup:
+        return
+    markup = "".join(markup) if isinstance(markup, list) else markup
+    if 'class="dataframe' not in markup or "studylib-table" in markup:
+        return
+    df = frame_from_html(markup)
+    if df is not None:
+        data["text/html"] = to_html(df)
 
 
 def notebook_title(nb: Any, default: str) -> str:

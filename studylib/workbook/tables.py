@@ -158,3 +158,55 @@ def install() -> bool:
         return False
     shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, to_html)
     return True
+
+
+def _parse_value(text: str) -> Any:
+    t = text.strip()
+    if t in ("", "NaN", "nan", "None", "<NA>", "NaT"):
+        return None
+    if t in ("True", "False"):
+        return t == "True"
+    try:
+        return int(t) if t.lstrip("-").isdigit() else float(t)
+    except ValueError:
+        return t
+
+
+def frame_from_html(markup: str):
+    """The DataFrame behind pandas' own ``to_html`` markup (one table, one header row, optionally a named
+    index), or None when the markup is anything else. Lets the book put an already executed notebook's
+    tables through ``readable`` without running the chapter again."""
+    import pandas as pd
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(markup, "html.parser")
+    tables = soup.find_all("table")
+    if len(tables) != 1 or "dataframe" not in (tables[0].get("class") or []):
+        return None
+    table = tables[0]
+    head = table.find("thead")
+    head_rows = head.find_all("tr") if head else []
+    if not head_rows or len(head_rows) > 2:
+        return None
+    names = [th.get_text() for th in head_rows[0].find_all("th")]
+    index_name = ""
+    if len(head_rows) == 2:  # a named index: its name alone on a second header row
+        second = [th.get_text() for th in head_rows[1].find_all("th")]
+        if any(x.strip() for x in second[1:]):
+            return None  # a MultiIndex header: leave it as it is
+        index_name = second[0] if second else ""
+    rows, index = [], []
+    for tr in table.find("tbody").find_all("tr") if table.find("tbody") else []:
+        ths, tds = tr.find_all("th"), tr.find_all("td")
+        if len(ths) > 1:
+            return None  # a MultiIndex row
+        index.append(ths[0].get_text() if ths else "")
+        rows.append([_parse_value(td.get_text()) for td in tds])
+    has_index = bool(names) and names[0].strip() == "" and len(names) == (len(rows[0]) + 1 if rows else len(names))
+    columns = names[1:] if has_index else names
+    if any(len(r) != len(columns) for r in rows) or len(set(columns)) != len(columns):
+        return None
+    df = pd.DataFrame(rows, columns=columns)
+    if has_index and (index_name or index != [str(i) for i in range(len(index))]):
+        df.insert(0, index_name or "index", [_parse_value(i) for i in index])
+    return df
