@@ -87,6 +87,15 @@ def test_raw_pandas_tables_go_through_the_formatting_layer(tmp_path):
     assert "1.61 (1-3.95)" in page and "NaN" not in page and "throughput_tok_s" not in page
 
 
+def test_cross_references_link_other_chapters_only_in_prose():
+    from studylib.workbook.book import cross_reference
+
+    md = "# Chapter 2: x\nAs chapter 1 shows, and Chapter 3 (not run); `chapter 1` in code; [chapter 1](x.html).\n"
+    out = cross_reference(md, 2, [1, 2])
+    assert "[chapter 1](ch01.html) shows" in out and "Chapter 3 (not run)" in out
+    assert out.startswith("# Chapter 2: x") and "`chapter 1` in code" in out and "[chapter 1](x.html)" in out
+
+
 def test_navigation_links_neighbours_and_contents(tmp_path):
     out = _study(tmp_path)
     one, two = (out / "ch01.html").read_text(encoding="utf-8"), (out / "ch02.html").read_text(encoding="utf-8")

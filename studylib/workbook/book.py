@@ -250,7 +250,27 @@ def is_setup_cell(cell: Any) -> bool:
     return bool(lines) and imports >= 0.6 * len(lines)  # mostly imports (plus a plots.setup() or two)
 
 
-def _notebook_body(nb: Any, chapter: int = 0) -> str:
+_CHAPTER_REF = re.compile(r"(?<![\[\w/])\b([Cc]hapter (\d+))\b(?!\]|\()")
+_CODE_SPAN = re.compile(r"(`[^`]*`)")
+
+
+def cross_reference(markdown: str, current: int, chapters: Sequence[int]) -> str:
+    """Link "chapter N" in prose to that chapter's page (not in headings, code or existing links)."""
+    out = []
+    for line in markdown.splitlines(keepends=True):
+        if line.lstrip().startswith("#"):
+            out.append(line)
+            continue
+        parts = _CODE_SPAN.split(line)
+        for i in range(0, len(parts), 2):  # even parts are outside code spans
+            parts[i] = _CHAPTER_REF.sub(
+                lambda m: (f"[{m.group(1)}](ch{int(m.group(2)):02d}.html)"
+                           if int(m.group(2)) in chapters and int(m.group(2)) != current else m.group(1)), parts[i])
+        out.append("".join(parts))
+    return "".join(out)
+
+
+def _notebook_body(nb: Any, chapter: int = 0, links: Sequence[int] = ()) -> str:
     """The notebook as HTML without its setup cells; its "Try this" section is taken from
     ``studylib.workbook.exercises`` (the tested commands), whatever the executed notebook held."""
     import copy
@@ -266,6 +286,8 @@ def _notebook_body(nb: Any, chapter: int = 0) -> str:
         remove = is_setup_cell(cell)
         if cell.cell_type == "markdown" and cell.source.startswith("## Try this") and exercises:
             cell.source = exercises
+        elif cell.cell_type == "markdown" and links:
+            cell.source = cross_reference(cell.source, chapter, links)
         if cell.cell_type == "code" and ("show_exercises(" in cell.source or "show_mechanism(" in cell.source):
             remove = True
         if remove:
@@ -347,7 +369,8 @@ def render_chapter(nb: Any, data: Mapping[str, Any] | None, chapters: Sequence[t
     if error:
         banner += (f"<div class='studylib-error'><b>This chapter failed; the outputs below are partial.</b>\n"
                    f"{html.escape(error)}</div>")
-    head, rest = _split_title(_notebook_body(nb, chapter)) if nb is not None else ("", "")
+    linked = [c for c, _ in chapters]
+    head, rest = _split_title(_notebook_body(nb, chapter, linked)) if nb is not None else ("", "")
     top = (chapter_summary(data) + settings_line(data)) if data else ""
     top += mechanism_html(chapter, (data or {}).get("params") or {})
     body = (nav(chapters, chapter) + banner + head + top + rest + (appendix(data) if data else "")
