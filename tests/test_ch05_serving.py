@@ -100,3 +100,20 @@ def test_e2e_ratio_is_a_paired_estimate():
     est = load.e2e_ratio(lat, "continuous+radix", "sequential")
     assert isinstance(est, Estimate) and est.n == 10 and est.value == pytest.approx(2.0)
     assert np.isfinite(est.ci_low) and est.ci_low <= est.value <= est.ci_high
+
+
+def test_vllm_peer_from_another_machine_is_not_compared(tmp_path):
+    import json
+
+    from studylib.bench.provenance import cpu_model
+    from studylib.experiments import ch05_interplay as inter
+
+    (tmp_path / "peers").mkdir()
+    f = tmp_path / "peers" / "vllm_cpu.json"
+    f.write_text(json.dumps({"vllm_version": "0.32.0", "requests": 4, "cpu": "Some Other CPU"}))
+    assert inter.vllm_peer(tmp_path) is None
+    assert "not compared" in inter.vllm_status(None, tmp_path) and "Some Other CPU" in inter.vllm_status(None, tmp_path)
+    f.write_text(json.dumps({"vllm_version": "0.32.0", "requests": 4}))  # machine unrecorded
+    assert inter.vllm_peer(tmp_path) is None and "does not record" in inter.vllm_status(None, tmp_path)
+    f.write_text(json.dumps({"vllm_version": "0.32.0", "requests": 4, "cpu": cpu_model()}))
+    assert inter.vllm_peer(tmp_path)["requests"] == 4

@@ -20,11 +20,24 @@ that this script imports nothing from studylib; chapter 5 serves the same reques
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
+import platform
 import sys
 import time
 from pathlib import Path
 
+
+def cpu_model() -> str:
+    """The CPU's model name, as the study's provenance reads it (this script runs in vLLM's own venv)."""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 def read_requests(path: Path) -> list[dict]:
     rows = []
@@ -126,8 +139,6 @@ def main() -> int:
     if any(not r > 0 for r in rates):
         sys.exit(f"--rates must be > 0 requests/s, got {args.rates!r}")
 
-    import os
-
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(args.kv_cache_gib))))
     # By default vLLM keeps one core back for its engine process and runs the model on the rest: on a
     # 2-core machine that is one thread against our two. Give it the same cores we use.
@@ -166,6 +177,8 @@ def main() -> int:
                 tpot.append((last - first) / (n - 1))
     summary = {
         "peer": "vLLM CPU (offline LLM.generate, all requests at t=0)", "vllm_version": vllm.__version__,
+        "cpu": cpu_model(), "cpu_count": os.cpu_count(),  # chapter 5 compares only with a run on this machine
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "model": args.model, "dtype": args.dtype, "requests": len(reqs), "output_tokens": sum(tokens),
         "duration_s": duration, "throughput_tok_s": sum(tokens) / duration, "requests_per_s": len(reqs) / duration,
         "prefix_caching": args.prefix_caching, "max_num_seqs": args.max_num_seqs, "threads": args.threads,

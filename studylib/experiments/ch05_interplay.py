@@ -206,10 +206,28 @@ def hf_static_peer(model_name: str, tokenizer, items: Sequence[WorkloadItem], ba
             "output_tokens": useful, "duration_s": dur, "throughput_tok_s": useful / dur}
 
 
-def vllm_peer(out_dir: str | Path) -> dict | None:
-    """The vLLM CPU peer's summary (``benchmarks/peers/vllm_cpu.py --out <out_dir>/peers/vllm_cpu.json``)."""
+def _vllm_file(out_dir: str | Path) -> dict | None:
     path = reports_folder(out_dir) / "peers" / "vllm_cpu.json"
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def other_machine(peer: dict) -> str | None:
+    """Why a peer's run cannot stand beside ours (None if it can): a side-by-side needs the same machine,
+    so the peer's CPU must be recorded and equal this one's."""
+    from studylib.bench.provenance import cpu_model
+
+    here = cpu_model()
+    there = peer.get("cpu")
+    if there is None:
+        return f"its file does not record the machine it ran on (this one: {here})"
+    return None if there == here else f"it ran on {there}, this chapter on {here}"
+
+
+def vllm_peer(out_dir: str | Path) -> dict | None:
+    """The vLLM CPU peer's summary (``benchmarks/peers/vllm_cpu.py --out <out_dir>/peers/vllm_cpu.json``),
+    or None when absent or measured on another machine (``vllm_status`` says which)."""
+    peer = _vllm_file(out_dir)
+    return None if peer is None or other_machine(peer) else peer
 
 
 def export_requests(items: Sequence[WorkloadItem], tokenizer, path: str | Path) -> Path:
@@ -237,6 +255,10 @@ def vllm_status(vllm: dict | None, out_dir: str | Path) -> str:
     """A sentence saying whether the vLLM peer ran on these requests, and how to run it if not."""
     where = reports_folder(out_dir) / "peers" / "vllm_cpu.json"
     if vllm is None:
+        peer = _vllm_file(out_dir)
+        if peer is not None and other_machine(peer):
+            return (f"vLLM CPU: not compared, because {other_machine(peer)}; a side-by-side needs both on one "
+                    "machine. Rerun the peer here on the requests exported below (`benchmarks/peers/README.md`).")
         return (f"vLLM CPU: not measured here ({where} is absent). It runs from its own virtual environment on the "
                 "requests exported below; see `benchmarks/peers/README.md`.")
     n = vllm.get("requests")
