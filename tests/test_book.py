@@ -158,6 +158,9 @@ def test_setup_cell_rule():
     assert is_setup_cell(cell("import a\nfrom b import c\n\nplots.setup()"))
     assert is_setup_cell(cell("x = 1", metadata={"tags": ["parameters"]}))
     assert not is_setup_cell(cell("import a\nrun()\nmore()\nplot()"))
+    assert is_setup_cell(cell("from a import (\n    b,\n    c,\n)\nimport d\nsetup()"))
+    # a call spread over indented continuation lines is work, not setup
+    assert not is_setup_cell(cell("import x\nverdicts = judge(a,\n    b,\n    c,\n    d)\nsave(verdicts)"))
     assert not is_setup_cell(nbformat.v4.new_markdown_cell("import this"))
 
 

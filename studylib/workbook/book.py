@@ -246,7 +246,14 @@ def is_setup_cell(cell: Any) -> bool:
     if tags & _HIDDEN_TAGS:
         return True
     lines = [ln for ln in str(cell.get("source", "")).splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    imports = sum(1 for ln in lines if _IMPORT_LINE.match(ln) or ln.startswith((" ", ")")))
+    imports, open_paren = 0, False
+    for ln in lines:
+        if open_paren:  # a line of a parenthesised "from x import (a, b," statement
+            imports += 1
+            open_paren = ")" not in ln
+        elif _IMPORT_LINE.match(ln):
+            imports += 1
+            open_paren = "(" in ln and ")" not in ln
     return bool(lines) and imports >= 0.6 * len(lines)  # mostly imports (plus a plots.setup() or two)
 
 
