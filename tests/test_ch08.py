@@ -79,10 +79,16 @@ def test_peer_round_trip(tmp_path):
     assert len(rows) == 10 and rows[3]["ours"] == [1, 2, 3, 3] and rows[0]["prompt_token_ids"] == [5, 6, 7]
     table, text = ch08.peer_frame(tmp_path, dec)
     assert table is None and "No llama.cpp run" in text
-    peer = {"threads": 2, "date": "d", "prompts": [
+    from studylib.bench.provenance import cpu_model
+
+    peer = {"threads": 2, "date": "d", "cpu": "Another CPU", "prompts": [
         {"id": r["id"], "decode_s_per_token": 0.03 / 4.0 * (1 + 0.01 * r["id"]) * 2,
          "tokens": r["ours"] if r["id"] > 0 else [0]}
         for r in rows]}
+    (tmp_path / "peers" / ch08.PEER_FILE).write_text(json.dumps(peer))
+    table, text = ch08.peer_frame(tmp_path, dec)  # measured on another machine: not compared
+    assert table is None and "not compared" in text and "Another CPU" in text
+    peer["cpu"] = cpu_model()
     (tmp_path / "peers" / ch08.PEER_FILE).write_text(json.dumps(peer))
     table, text = ch08.peer_frame(tmp_path, dec)
     assert table is not None and "2.00x llama.cpp" in text and "9 of 10" in text

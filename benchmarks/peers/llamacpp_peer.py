@@ -21,6 +21,16 @@ import time
 from pathlib import Path
 
 
+def cpu_model() -> str:
+    """The CPU's model name, as the study's provenance reads it: chapter 8 compares only runs on one machine."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
 def read_prompts(path: Path) -> list[dict]:
     rows = []
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -80,7 +90,7 @@ def main() -> int:
         rows.append({"id": p["id"], **r, "identical_to_ours": r["tokens"] == ours,
                      "first_difference": first_diff, "matching_prefix_share": same / max(len(ours), 1)})
     out = {"engine": "llama.cpp", "llama_cpp_python": llama_cpp.__version__, "threads": args.threads,
-           "gguf": Path(args.gguf).name, "platform": platform.platform(),
+           "gguf": Path(args.gguf).name, "platform": platform.platform(), "cpu": cpu_model(),
            "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "prompts": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
