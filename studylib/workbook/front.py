@@ -343,7 +343,8 @@ def write_front_page(out: Path, index: Mapping[str, Any], chapters: Sequence[tup
         "<p>Where two chapters report the same kind of number, they measure it under different conditions, and "
         "each chapter names its own beside the number:</p>", _spread(out),
         "<h2>Rerun it</h2>",
-        "<p>On a CPU, with the embedded model (about an hour on two cores, the first run included):</p>"
+        "<p>On a CPU, with the embedded model (each chapter takes about as long as the table above says; a first run "
+        "also downloads the model and data and trains chapter 2's drafts):</p>"
         "<pre class='cmd'>git clone &lt;this repository&gt; &amp;&amp; cd studylib\nmake reproduce   "
         "# writes reports/cpu/, this page included</pre>"
         "<p>On your own GPU and model (a Hugging Face id or a local path), one chapter or all:</p>"
