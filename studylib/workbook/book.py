@@ -25,7 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from studylib.bench.provenance import commit_label
-from studylib.claims import CLAIMS, DECISION, FAILS, HOLDS, INCONCLUSIVE, Verdict, format_bar, load_chapter
+from studylib.claims import (
+    CLAIMS,
+    CONDITIONAL,
+    DECISION,
+    FAILS,
+    HOLDS,
+    INCONCLUSIVE,
+    Verdict,
+    format_bar,
+    load_chapter,
+)
 from studylib.workbook.fonts import FONT_FAMILY, font_face_css
 from studylib.workbook.paths import atomic_write
 
@@ -75,7 +85,7 @@ pre code { background: none; padding: 0; word-break: normal; }
 .ansi-red-fg { color: #c33; } .ansi-green-fg { color: #1a7f37; } .ansi-blue-fg { color: #0b5cad; }
 .ansi-bold { font-weight: bold; }
 """
-_BADGE = {HOLDS: "holds", "holds under conditions": "cond", INCONCLUSIVE: "unsure", FAILS: "fails"}
+_BADGE = {HOLDS: "holds", CONDITIONAL: "cond", INCONCLUSIVE: "unsure", FAILS: "fails"}
 DIRTY_NOTE = ("Made from a git tree with uncommitted changes to tracked files: these results belong to no "
               "commit, not even the one named here.")
 # Code cells a reader does not need to see: the imports, papermill's parameter cells.
@@ -146,6 +156,14 @@ def _parts_of(verdicts: Sequence[Verdict], decision: Verdict) -> list[Verdict]:
     return [v for v in verdicts if v.id == decision.id and v.role != DECISION and v.chapter == decision.chapter]
 
 
+_STRENGTH = {FAILS: 0, INCONCLUSIVE: 1, CONDITIONAL: 2, HOLDS: 3}
+
+
+def weakest_first(verdicts: Sequence[Verdict]) -> list[Verdict]:
+    """Verdict rows ordered from "does not hold" to "holds" (stable within a verdict)."""
+    return sorted(verdicts, key=lambda v: _STRENGTH.get(v.verdict, 1))
+
+
 def claim_summary(decision: Verdict, parts: Sequence[Verdict]) -> str:
     """The three lines under a claim: what was measured, the number (CI, n), the verdict."""
     claim = CLAIMS.get(decision.id)
@@ -160,8 +178,7 @@ def claim_summary(decision: Verdict, parts: Sequence[Verdict]) -> str:
         number += bar
     else:
         items = []
-        order = {FAILS: 0, INCONCLUSIVE: 1, "holds under conditions": 2, HOLDS: 3}
-        parts = sorted(parts, key=lambda v: order.get(v.verdict, 1))  # weakest first: a skimmer reads the failure
+        parts = weakest_first(parts)  # a skimmer reads the failure first
         for p in parts[:6]:
             items.append(f"<li>{html.escape(p.metric)}: "
                          f"{html.escape(format_ci(p.measured, p.ci, p.n, p.unit))} {badge(p.verdict)}</li>")
@@ -388,39 +405,36 @@ def render_chapter(nb: Any, data: Mapping[str, Any] | None, chapters: Sequence[t
 
 # ------------------------------------------------------------------------------------------ the book
 
-def chapter_list(out: Path) -> list[tuple[int, str]]:
-    """(number, title) of every chapter with an executed notebook in ``out``."""
+def executed_notebooks(out: Path) -> dict[int, Any]:
+    """Every executed chapter notebook in ``out`` (``chNN.ipynb``), read once, by chapter number."""
     import nbformat
 
-    items = []
-    for p in sorted(out.glob("ch[0-9][0-9].ipynb")):
-        nb = nbformat.read(str(p), as_version=4)
-        items.append((int(p.stem[2:]), notebook_title(nb, f"Chapter {int(p.stem[2:])}")))
-    return items
+    return {int(p.stem[2:]): nbformat.read(str(p), as_version=4) for p in sorted(out.glob("ch[0-9][0-9].ipynb"))}
+
+
+def chapter_list(out: Path, executed: Mapping[int, Any] | None = None) -> list[tuple[int, str]]:
+    """(number, title) of every chapter with an executed notebook in ``out`` (or in ``executed``)."""
+    executed = executed_notebooks(out) if executed is None else executed
+    return [(c, notebook_title(nb, f"Chapter {c}")) for c, nb in sorted(executed.items())]
 
 
 def build_book(out: str | Path, index: Mapping[str, Any] | None = None) -> list[Path]:
     """Re-render every chapter page and the front page from what ``out`` holds; runs nothing."""
-    import nbformat
-
     from studylib.workbook.front import write_front_page
+    from studylib.workbook.runner import read_index
 
     out = Path(out)
-    if index is None:
-        try:
-            index = json.loads((out / "index.json").read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            index = {}
+    index = read_index(out) if index is None else index
     records = index.get("chapters", {})
-    chapters = chapter_list(out)
+    executed = executed_notebooks(out)
+    chapters = chapter_list(out, executed)
     written = []
     for c, _ in chapters:
         nn = f"ch{c:02d}"
-        nb = nbformat.read(str(out / f"{nn}.ipynb"), as_version=4)
         data = load_chapter(out / f"{nn}.json") if (out / f"{nn}.json").exists() else None
         dirty = bool((records.get(str(c)) or {}).get("dirty_tree"))
-        written.append(atomic_write(out / f"{nn}.html", render_chapter(nb, data, chapters, c, dirty=dirty)))
-    written.append(write_front_page(out, index, chapters))
+        written.append(atomic_write(out / f"{nn}.html", render_chapter(executed[c], data, chapters, c, dirty=dirty)))
+    written.append(write_front_page(out, index, chapters, executed=executed))
     written.append(write_print_page(out, chapters))
     return written
 

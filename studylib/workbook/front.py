@@ -28,7 +28,7 @@ from studylib.claims import (
     study_decisions,
     verdict_table,
 )
-from studylib.workbook.book import DIRTY_NOTE, badge, format_ci, page, zh
+from studylib.workbook.book import DIRTY_NOTE, badge, format_ci, page, weakest_first, zh
 from studylib.workbook.paths import atomic_write
 
 _FRONT_CSS = """
@@ -134,15 +134,11 @@ def bottom_line(verdicts: Sequence[Verdict]) -> str:
     parts = _c7_parts(verdicts)
     if c7 is not None and parts:
         items = "".join(f"<li>{html.escape(p.metric)}: {html.escape(format_ci(p.measured, p.ci, p.n, p.unit))} "
-                        f"{badge(p.verdict)}</li>" for p in sorted(parts, key=_severity))
+                        f"{badge(p.verdict)}</li>" for p in weakest_first(parts))
         text += (f"<p>The headline (C7: over 99% of quality kept, end-to-end latency cut more than tenfold, "
                  f"throughput up 8 to 12 times) is judged by its weakest part: {badge(c7.verdict)}. Its parts, "
                  f"weakest first:</p><ul>{items}</ul>")
     return text
-
-
-def _severity(v: Verdict) -> int:
-    return {FAILS: 0, INCONCLUSIVE: 1, CONDITIONAL: 2, HOLDS: 3}.get(v.verdict, 1)
 
 
 def claims_table(verdicts: Sequence[Verdict], chapters: Mapping[int, str]) -> str:
@@ -242,13 +238,11 @@ def chapters_table(out: Path, index: Mapping[str, Any], chapters: Sequence[tuple
             "<th>status</th><th>time</th><th>files</th></tr>" + "".join(rows) + "</table></div>")
 
 
-def search_index(out: Path, chapters: Sequence[tuple[int, str]]) -> list[dict[str, str]]:
+def search_index(chapters: Sequence[tuple[int, str]], executed: Mapping[int, Any]) -> list[dict[str, str]]:
     """Markdown cells of every chapter, each under its nearest heading, for the page's search box."""
-    import nbformat
-
     entries = []
     for c, title in chapters:
-        nb = nbformat.read(str(out / f"ch{c:02d}.ipynb"), as_version=4)
+        nb = executed[c]
         heading = title
         for cell in nb.cells:
             if cell.cell_type != "markdown":
@@ -291,12 +285,14 @@ def _spread(out: Path) -> str:
 
 
 def write_front_page(out: Path, index: Mapping[str, Any], chapters: Sequence[tuple[int, str]] | None = None,
-                     notebooks: Mapping[int, Path] | None = None) -> Path:
-    """``<out>/index.html``; ``chapters`` (number, title) default to the executed notebooks in ``out``,
-    ``notebooks`` name the chapters that have not run yet."""
-    from studylib.workbook.book import chapter_list
+                     notebooks: Mapping[int, Path] | None = None, executed: Mapping[int, Any] | None = None) -> Path:
+    """``<out>/index.html``; ``chapters`` (number, title) default to the executed notebooks in ``out``
+    (``executed``, when the caller has read them already), ``notebooks`` name the chapters that have not
+    run yet."""
+    from studylib.workbook.book import chapter_list, executed_notebooks
 
-    chapters = chapter_list(out) if chapters is None else chapters
+    executed = executed_notebooks(out) if executed is None else executed
+    chapters = chapter_list(out, executed) if chapters is None else chapters
     verdicts = load_verdicts(out)
     chapter_titles = dict(chapters)
     c7 = CLAIMS["C7"]
@@ -338,7 +334,7 @@ def write_front_page(out: Path, index: Mapping[str, Any], chapters: Sequence[tup
         "<p><input id='search' type='search' placeholder='a word or phrase, e.g. radix, Quest, TTFT'></p>"
         "<ul id='hits'></ul>",
         "<script type='application/json' id='search-index'>"
-        + json.dumps(search_index(out, chapters), ensure_ascii=False).replace("</", "<\\/") + "</script>",
+        + json.dumps(search_index(chapters, executed), ensure_ascii=False).replace("</", "<\\/") + "</script>",
         "<h2>Reading numbers across chapters</h2>",
         "<p>Where two chapters report the same kind of number, they measure it under different conditions, and "
         "each chapter names its own beside the number:</p>", _spread(out),
