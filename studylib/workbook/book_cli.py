@@ -27,6 +27,10 @@ def run(args: argparse.Namespace) -> int:
                             f"{args.profile}` first, or pass --out to the folder a run wrote.")
     written = build_book(out)
     if args.pdf:
+        from studylib.workbook.front import write_front_page
+        from studylib.workbook.runner import read_index
+
         written.append(print_pdf(out, args.chromium))
+        write_front_page(out, read_index(out))  # again, now that there is a book.pdf to link
     print(f"wrote {len(written)} pages into {out} (open {out / 'index.html'})")
     return 0
