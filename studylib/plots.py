@@ -149,3 +149,101 @@ def table(df: Any, digits: int = 3, index: bool = False) -> Any:
     """A DataFrame for reading: no positional index, floats to ``digits`` significant digits."""
     styler = df.style.format(lambda v: fmt_number(v, digits))
     return styler if index else styler.hide(axis="index")
+
+
+def _visible(locs: Any, lo: float, hi: float) -> list[float]:
+    return [v for v in locs if lo * (1 - 1e-9) <= v <= hi * (1 + 1e-9)]
+
+
+def readable_log_axis(axis: Any, min_ticks: int = 3) -> None:
+    """Give a log axis at least ``min_ticks`` labelled ticks (when its range allows): a range under a decade
+    otherwise shows one label, or none, and the reader cannot read a value off it. Tries 1-2-5 steps, then every
+    integer step of the decade, then plain evenly spaced values; labels are plain numbers."""
+    import numpy as np
+    from matplotlib.ticker import FixedLocator, MaxNLocator
+
+    if axis.get_scale() != "log":
+        return
+    lo, hi = sorted(axis.get_view_interval())
+    if not (lo > 0 and np.isfinite(lo) and np.isfinite(hi)) or hi <= lo:
+        return
+    if len(_visible(axis.get_majorticklocs(), lo, hi)) >= min_ticks:
+        return
+    for subs in ((1.0, 2.0, 5.0), tuple(float(s) for s in range(1, 10))):
+        locator = LogLocator(base=10, subs=subs, numticks=40)
+        ticks = _visible(locator.tick_values(lo, hi), lo, hi)
+        if len(ticks) >= min_ticks:
+            axis.set_major_locator(FixedLocator(ticks))
+            break
+    else:
+        ticks = [v for v in MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi) if lo <= v <= hi]
+        if len(ticks) < 2:
+            ticks = [lo, hi]
+        axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _data_points(ax: plt.Axes, per_segment: int = 24) -> Any:
+    """Display coordinates of what ``ax`` plots: points along every data line (reference lines drawn with
+    ``axhline``/``axvline`` excluded), scatter offsets, and the tops of bars."""
+    import numpy as np
+
+    pts = [np.empty((0, 2))]
+    for line in ax.get_lines():
+        if not line.get_visible() or line.get_transform() != ax.transData:
+            continue
+        xy = line.get_transform().transform(
+            np.column_stack([np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)]))
+        xy = xy[np.isfinite(xy).all(axis=1)]
+        if len(xy) > 1:  # sample each segment, so a legend over the middle of a long segment counts
+            t = np.linspace(0.0, 1.0, per_segment)[:, None, None]
+            xy = (xy[:-1][None] * (1 - t) + xy[1:][None] * t).reshape(-1, 2)
+        pts.append(xy)
+    for coll in ax.collections:
+        offs = np.asarray(coll.get_offsets(), float)
+        if offs.ndim == 2 and len(offs):
+            pts.append(coll.get_offset_transform().transform(offs))
+    for patch in ax.patches:
+        bbox = patch.get_window_extent()
+        pts.append(np.array([[bbox.x0, bbox.y1], [bbox.x1, bbox.y1], [(bbox.x0 + bbox.x1) / 2, bbox.y1]]))
+    out = np.concatenate(pts)
+    return out[np.isfinite(out).all(axis=1)]
+
+
+def legend_covers_data(ax: plt.Axes) -> bool:
+    """True when ``ax``'s legend box, drawn inside the axes, covers any plotted point."""
+    legend = ax.get_legend()
+    if legend is None or not legend.get_visible():
+        return False
+    fig = ax.figure
+    fig.canvas.draw()
+    box = legend.get_window_extent()
+    if not ax.bbox.overlaps(box):
+        return False
+    pts = _data_points(ax)
+    inside = ((pts[:, 0] >= box.x0) & (pts[:, 0] <= box.x1) & (pts[:, 1] >= box.y0) & (pts[:, 1] <= box.y1))
+    return bool(inside.any())
+
+
+def tidy(fig_or_ax: Any) -> Any:
+    """Last step of every workbook figure: each log axis gets readable ticks, and a legend that covers data
+    moves to the right of its axes (the saved figure's tight bounding box keeps it). Takes a Figure, an Axes,
+    an array of Axes or a seaborn grid; returns its argument."""
+    import numpy as np
+
+    first = np.ravel(fig_or_ax)[0] if isinstance(fig_or_ax, np.ndarray | list | tuple) else fig_or_ax
+    fig = first if hasattr(first, "savefig") else first.figure
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            readable_log_axis(axis)
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is not None and legend_covers_data(ax):
+            title = legend.get_title().get_text() or None
+            handles = legend.legend_handles
+            labels = [t.get_text() for t in legend.get_texts()]
+            size = legend.get_texts()[0].get_fontsize() if labels else None
+            ax.legend(handles, labels, title=title, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=size,
+                      borderaxespad=0.0)
+    return fig_or_ax

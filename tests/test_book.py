@@ -170,3 +170,22 @@ def test_book_cli_without_a_run_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["book", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no executed chapter" in err[0] and "studylib reproduce" in err[0]
+
+
+def test_front_page_says_which_chapters_ran_on_which_machine(tmp_path):
+    import json as _json
+
+    from studylib.workbook import front
+
+    def prov(cpu, isa):
+        return {"cpu": cpu, "cpu_count": 2, "isa": {"label": isa}, "date": "2026-12-04T10:00:00+00:00",
+                "git_commit": "a" * 40, "git_dirty": False, "versions": {"torch": "2.13.0+cpu"}}
+
+    for ch, cpu, isa in ((1, "AMD EPYC", "avx512_bf16"), (2, "Intel Xeon", "amx_bf16"), (3, "AMD EPYC", "avx512_bf16")):
+        (tmp_path / f"ch{ch:02d}.json").write_text(_json.dumps({"params": {"model": "m"}, "provenance":
+                                                                prov(cpu, isa)}), encoding="utf-8")
+    text = front.what_was_run(tmp_path, {"profile": "cpu", "chapters": {}})
+    assert "chapters 1 and 3 on AMD EPYC (2 cores, ISA avx512_bf16)" in text
+    assert "chapter 2 on Intel Xeon (2 cores, ISA amx_bf16)" in text
+    (tmp_path / "ch02.json").unlink()
+    assert "on AMD EPYC (2 cores, ISA avx512_bf16), profile" in front.what_was_run(tmp_path, {"profile": "cpu"})

@@ -34,3 +34,61 @@ def test_numbers_read_well():
         "1397", "52.9", "0.00298", "2039", "16", "a"]
     html = plots.table(pd.DataFrame({"a": [1.23456]})).to_html()
     assert "1.23" in html and "1.23456" not in html
+
+
+def _labels(axis) -> list[str]:
+    lo, hi = sorted(axis.get_view_interval())
+    return [axis.get_major_formatter()(v, i) for i, v in enumerate(axis.get_majorticklocs()) if lo <= v <= hi]
+
+
+def test_log_axis_within_one_decade_gets_several_plain_labels():
+    fig, ax = plt.subplots()
+    ax.plot([1, 2, 3], [0.31, 0.45, 0.62])
+    ax.set_yscale("log")
+    fig.canvas.draw()
+    assert len([t for t in _labels(ax.yaxis) if t]) < 3  # matplotlib alone: one label or none
+    plots.tidy(fig)
+    labels = [t for t in _labels(ax.yaxis) if t]
+    assert len(labels) >= 3 and all("^" not in t and "e" not in t for t in labels)
+    # a narrow range (under 1.3x) falls back to plain evenly spaced values
+    fig2, ax2 = plt.subplots()
+    ax2.plot([1, 2], [1.01, 1.2])
+    ax2.set(yscale="log", ylim=(1.0, 1.25))
+    plots.tidy(ax2)
+    assert len([t for t in _labels(ax2.yaxis) if t]) >= 2
+    # wide ranges keep matplotlib's decades
+    fig3, ax3 = plt.subplots()
+    ax3.plot([1, 2], [0.01, 100])
+    ax3.set_yscale("log")
+    before = list(ax3.yaxis.get_major_locator().tick_values(0.01, 100))
+    plots.tidy(fig3)
+    assert list(ax3.yaxis.get_major_locator().tick_values(0.01, 100)) == before
+    plt.close("all")
+
+
+def test_legend_over_the_data_moves_outside_and_one_clear_of_it_stays():
+    import numpy as np
+
+    fig, ax = plt.subplots()
+    x = np.linspace(0, 1, 50)
+    ax.plot(x, np.ones_like(x) * 0.95, label="top line")  # runs under the upper-right corner
+    ax.plot(x, x * 0.1, label="bottom")
+    ax.set_ylim(0, 1)
+    ax.legend(loc="upper right")
+    assert plots.legend_covers_data(ax)
+    plots.tidy(fig)
+    legend = ax.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["top line", "bottom"]
+    assert not plots.legend_covers_data(ax)  # now beside the axes
+    fig.canvas.draw()
+    assert legend.get_window_extent().x0 >= ax.bbox.x1
+
+    fig2, ax2 = plt.subplots()
+    ax2.plot(x, x * 0.1, label="low")
+    ax2.set_ylim(0, 1)
+    ax2.legend(loc="upper right")
+    assert not plots.legend_covers_data(ax2)
+    plots.tidy(fig2)
+    fig2.canvas.draw()
+    assert ax2.get_legend().get_window_extent().x1 <= ax2.bbox.x1 + 1  # left where it was
+    plt.close("all")

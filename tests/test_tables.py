@@ -67,3 +67,33 @@ def test_frame_from_pandas_html_round_trips_and_refuses_other_markup():
     two_level = pd.DataFrame([[1, 2]], columns=pd.MultiIndex.from_tuples([("a", "b"), ("a", "c")]))
     assert frame_from_html(two_level.to_html()) is None
     assert frame_from_html("<p>no table</p>") is None
+
+
+def test_why_not_measured_is_printed_under_the_table_for_columns_that_are_empty():
+    import math
+
+    import pandas as pd
+
+    from studylib.workbook import tables
+
+    df = pd.DataFrame({"method": ["ar", "spec"], "alpha": [math.nan, 0.7], "tau": [1.0, 2.1],
+                       "options": ["", "gamma=4"]})
+    plain = tables.to_html(df)
+    assert "not measured" in plain and "Not measured</i>:" not in plain  # no reason recorded, no note
+    tables.why_not_measured(df, alpha="plain decoding drafts nothing", tau="never printed: tau has no gap")
+    html = tables.to_html(df)
+    assert "Not measured</i>: Alpha: plain decoding drafts nothing." in html
+    assert "tau has no gap" not in html  # only columns that really have an empty cell are explained
+    assert "–" in html and tables.readable(df)["Options"].tolist() == ["–", "gamma=4"]
+    # the reason travels with the frame through the usual selections
+    assert "drafts nothing" in tables.to_html(df[["method", "alpha"]].copy())
+
+
+def test_empty_strings_in_rendered_html_are_values_not_missing_measurements():
+    import pandas as pd
+
+    from studylib.workbook import tables
+
+    markup = pd.DataFrame({"a": ["", "x"], "b": [None, 1.5]}).to_html()
+    back = tables.frame_from_html(markup)
+    assert back["a"].tolist() == ["", "x"] and pd.isna(back["b"].iloc[0])

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from studylib import plots
 from studylib.bench.roofline import decode_bytes_per_step, dtype_bytes
 from studylib.experiments.ch01_baseline import ANCHORS, knee_batch
 from studylib.models import LlamaModel
@@ -74,7 +75,7 @@ def plot_latency(curve: pd.DataFrame, fit: dict):
     ax.set(xlabel="tokens generated", ylabel="seconds (whole generation)",
            title=f"Latency vs. output length: {fit['prompts']} prompts, one generation per point")
     ax.legend()
-    return fig
+    return plots.tidy(fig)
 
 
 def plot_batch(scaling: pd.DataFrame):
@@ -92,7 +93,7 @@ def plot_batch(scaling: pd.DataFrame):
     plots.lineplot_ci(scaling, "batch", "tokens_per_s", ax=b, logx=True, title="Throughput")
     b.set(xlabel="sequences per step (batch)", ylabel="tokens / s")
     fig.tight_layout()
-    return fig
+    return plots.tidy(fig)
 
 
 def plot_roofline(points: pd.DataFrame, probe: dict):
@@ -102,7 +103,7 @@ def plot_roofline(points: pd.DataFrame, probe: dict):
 
     fig, ax = plt.subplots(figsize=(7, 4))
     plots.roofline(ax, probe["bandwidth_gbs"], probe["matmul_gflops"], points)
-    return fig
+    return plots.tidy(fig)
 
 
 def explain_roofline(points: pd.DataFrame, probe: dict) -> str:
@@ -130,7 +131,7 @@ def plot_kv(kv: pd.DataFrame, cfg: ModelConfig, dtype: str):
                 textcoords="offset points", xytext=(2, 3), fontsize="small", color="firebrick")
     ax.set(xlabel="context length (tokens)", ylabel="KV cache (MB)",
            title="KV-cache memory: measured (lines) vs. formula (dashed)")
-    return fig
+    return plots.tidy(fig)
 
 
 def bench_table(benches: dict) -> pd.DataFrame:

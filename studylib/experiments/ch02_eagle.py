@@ -18,6 +18,8 @@ import pandas as pd
 import torch
 
 from studylib.bench.stats import estimate, ratio_estimate
+from studylib.experiments.ch02_peers import TREE_ONLY
+from studylib.workbook.tables import why_not_measured
 
 
 def ensure_eagle(model_name: str, minutes: float, smoke: bool = False, loaded: tuple | None = None,
@@ -125,7 +127,7 @@ def eagle_sampling_check(n: int = 2000, vocab: int = 8, tree: tuple[int, int, in
         t = distribution_test(tokens, exact, alpha)
         rows.append({"sampler": name, "samples": n, "positions": k, "first_step_accepted_a_draft": deep / n, **t,
                      "expect_reject": expect, "as_expected": t["rejected"] == expect})
-    return pd.DataFrame(rows)
+    return why_not_measured(pd.DataFrame(rows), first_step_accepted_a_draft=TREE_ONLY)
 
 
 # ------------------------------------------------------------------------------------------- trees

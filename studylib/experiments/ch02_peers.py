@@ -27,6 +27,7 @@ from studylib.bench.stats import ratio_estimate
 from studylib.experiments.ch02_speculative import Prompt, Runner
 from studylib.progress import progress_bar
 from studylib.sampling import SamplingParams, probs, sample_from
+from studylib.workbook.tables import why_not_measured
 
 # ------------------------------------------------------------------------------------------- HF peers
 
@@ -219,6 +220,11 @@ SAMPLERS = (("exact (residual resampling)", None, False),
             ("wrong (bonus token uniform)", _bonus_uniform_verifier, True))
 
 
+# The chain and tree samplers' checks are shown in one table; both record the same reasons, so they survive
+# pd.concat (which keeps attrs only when they agree).
+TREE_ONLY = "counted only for the tree (EAGLE) samplers, whose first step can accept a draft token"
+
+
 def sampling_check(n: int = 2000, temperature: float = 1.0, top_k: int = 0, alpha: float = 1e-3,
                    vocab: int = 8, gamma: int = 2, top_p: float = 1.0) -> pd.DataFrame:
     """The exact sampler and the wrong ones through the decoder loop; one row per sampler.
@@ -257,4 +263,4 @@ def sampling_check(n: int = 2000, temperature: float = 1.0, top_k: int = 0, alph
         t = distribution_test(tokens, exact, alpha)
         rows.append({"sampler": name, "samples": n, "positions": k, **t, "expect_reject": expect_reject,
                      "as_expected": t["rejected"] == expect_reject})
-    return pd.DataFrame(rows)
+    return why_not_measured(pd.DataFrame(rows), first_step_accepted_a_draft=TREE_ONLY)

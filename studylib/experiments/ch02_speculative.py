@@ -20,12 +20,14 @@ import numpy as np
 import pandas as pd
 import torch
 
+from studylib import plots
 from studylib.bench.stats import estimate, ratio_estimate, rotated
 from studylib.decoding import ar, prompt_lookup, speculative
 from studylib.decoding.speculative import expected_tokens
 from studylib.models import LlamaModel
 from studylib.progress import progress_bar
 from studylib.sampling import SamplingParams
+from studylib.workbook.tables import why_not_measured
 
 CHAPTER = 2
 
@@ -218,6 +220,9 @@ def _counts(res) -> dict:
 # ------------------------------------------------------------------------------------------- summaries
 
 
+NO_DRAFT = "plain decoding (AR) drafts nothing, so it has no acceptance rate"
+
+
 def _alpha(g: pd.DataFrame) -> float:
     """Pooled per-token acceptance MLE: accepted / (accepted + rejections) (truncated-geometric model)."""
     n = g.accepted.sum() + g.rejections.sum()
@@ -247,7 +252,7 @@ def summarise(df: pd.DataFrame, by: str = "category") -> pd.DataFrame:
                 "accept_rate": float(gm.accepted.sum() / gm.proposed.sum()) if gm.proposed.sum() else float("nan"),
                 "exact_match": float(gm.equal_to_ar.mean()), "mean_gamma": float(gm.mean_gamma.mean()),
             })
-    return pd.DataFrame(rows)
+    return why_not_measured(pd.DataFrame(rows), alpha=NO_DRAFT, accept_rate=NO_DRAFT)
 
 
 def specbench_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -264,7 +269,7 @@ def specbench_table(df: pd.DataFrame) -> pd.DataFrame:
     wide["alpha"] = overall.alpha.reindex(wide.index).round(3)
     wide["exact match vs AR"] = overall.exact_match.reindex(wide.index).round(3)
     order = [m for m in dict.fromkeys(df.method)]
-    return wide.loc[order].reset_index()
+    return why_not_measured(wide.loc[order].reset_index(), alpha=NO_DRAFT)
 
 
 # ------------------------------------------------------------------------------------------- theory
@@ -384,7 +389,6 @@ def speedup_figure(summary: pd.DataFrame, by: str = "workload", title: str = "Sp
     """Grouped bars of the speedup per ``by`` and method, with the bootstrap 95% CI as error bars."""
     import matplotlib.pyplot as plt
 
-    from studylib import plots
 
     s = summary[summary.method != "ar"]
     groups, methods = list(dict.fromkeys(s[by])), list(dict.fromkeys(s.method))
@@ -400,7 +404,7 @@ def speedup_figure(summary: pd.DataFrame, by: str = "workload", title: str = "Sp
     ax.set_xticks(np.arange(len(groups)), groups)
     ax.set(title=title, ylabel="x AR (per token)", xlabel=by)
     ax.legend(fontsize="small", ncol=2)
-    return ax
+    return plots.tidy(ax)
 
 
 def _best(summary: pd.DataFrame, workload: str) -> pd.Series | None:

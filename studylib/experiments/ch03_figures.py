@@ -39,7 +39,7 @@ def plot_speed(summary: pd.DataFrame) -> plt.Figure:
         ax.set_title(title)
     axes[1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    return fig
+    return plots.tidy(fig)
 
 
 def explain_speed(summary: pd.DataFrame, headline: str) -> str:
@@ -78,7 +78,7 @@ def plot_sweep(sweep: pd.DataFrame, value: str = "speedup") -> plt.Figure:
         ax.set_title(f"{value}, G={g}")
         ax.invert_yaxis()
     fig.tight_layout()
-    return fig
+    return plots.tidy(fig)
 
 
 def explain_sweep(sweep: pd.DataFrame) -> str:
@@ -121,7 +121,7 @@ def plot_cost(cost: pd.DataFrame, curve: pd.DataFrame, gpu_curve: pd.DataFrame |
     ax.set_title("a method pays off when its compression sits above the cost curve")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
     fig.tight_layout()
-    return fig
+    return plots.tidy(fig)
 
 
 def explain_cost(cost: pd.DataFrame, curve: pd.DataFrame) -> str:
@@ -164,7 +164,7 @@ def plot_trajectory(traj: pd.DataFrame, blocks: Sequence[int] = (0, 1)) -> plt.F
         ax.set_xlabel("position in block")
         ax.set_ylabel("iteration")
     fig.tight_layout()
-    return fig
+    return plots.tidy(fig)
 
 
 def explain_trajectory(conv: pd.DataFrame, block: int) -> str:

@@ -21,6 +21,7 @@ from studylib.decoding.common import eos_set
 from studylib.kvcache.prefix_generate import PrefixCachedDecoder
 from studylib.kvcache.replay import replay_hits, working_set_blocks
 from studylib.progress import progress_bar
+from studylib.workbook.tables import why_not_measured
 from studylib.workloads.prefix import PrefixWorkload, make_workload, optimal_hits
 
 CHAPTER = 4
@@ -200,7 +201,9 @@ def determinism(df: pd.DataFrame) -> pd.DataFrame:
                      "first differing position": first_diff or "-",
                      "max |logit gap|, first token": max(gaps) if gaps else float("nan"),
                      "radix == ar (checked)": f"{sum(ar_ok)}/{len(ar_ok)}" if ar_ok else "-"})
-    return pd.DataFrame(rows)
+    return why_not_measured(pd.DataFrame(rows), **{
+        "max |logit gap|, first token": "no request of this workload found its prefix cached, so cold and warm "
+                                        "runs computed the same thing"})
 
 
 def per_request_frame(df: pd.DataFrame) -> pd.DataFrame:

@@ -22,6 +22,7 @@ from studylib.progress import progress_bar
 from studylib.serving import Engine, EngineConfig
 from studylib.serving.check import ar_references, divergence
 from studylib.serving.workload import WorkloadItem, dataset_workload, to_requests
+from studylib.workbook.tables import why_not_measured
 
 CHAPTER = 5
 # (scheduler, prefix cache) arms; static cannot share KV blocks (dense padded cache), so it has one.
@@ -200,7 +201,8 @@ def peer_table(curve: pd.DataFrame, hf: Mapping | None, vllm: Mapping | None) ->
     if vllm:
         rows.append({"system": f"vLLM CPU {vllm.get('vllm_version', '')}".strip(),
                      "throughput_tok_s": vllm.get("throughput_tok_s"), "tpot_p99_s": vllm.get("tpot_p99_s")})
-    return pd.DataFrame(rows)
+    return why_not_measured(pd.DataFrame(rows), tpot_p99_s="HF generate returns whole batches, so the time of each "
+                                                           "output token is not observed")
 
 
 def curves(df: pd.DataFrame) -> pd.DataFrame:
@@ -306,7 +308,8 @@ def performance_aim(gains: pd.DataFrame, target: float = 8.0) -> pd.DataFrame:
             rows.append({"aim": f"continuous+radix / {base} >= {target:g}x" if base == "sequential" else
                          f"continuous+radix / {base}", "measured": est.value, "ci_low": est.ci_low,
                          "ci_high": est.ci_high, "met": bool(est.value >= target) if base == "sequential" else None})
-    return pd.DataFrame(rows)
+    return why_not_measured(pd.DataFrame(rows), met="the target is set against sequential serving only; the other "
+                                                    "rows are shown for context")
 
 
 def conditions_text(model, n: int, max_new_tokens: int, workload: str = "chat") -> str:

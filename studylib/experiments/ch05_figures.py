@@ -48,7 +48,7 @@ def plot_tradeoff(curve: pd.DataFrame):
     for ax in axes:
         _plain(ax)
     fig.tight_layout()
-    return fig
+    return plots.tidy(fig)
 
 
 def plot_utilisation(util: pd.DataFrame):
@@ -62,7 +62,7 @@ def plot_utilisation(util: pd.DataFrame):
                     facet_kws={"sharey": False})
     g.set_titles(row_template="{row_name}")
     g.set_axis_labels("time since the first arrival (s)", "")
-    return g.figure
+    return plots.tidy(g.figure)
 
 
 def plot_c8(c8: pd.DataFrame):
@@ -79,7 +79,7 @@ def plot_c8(c8: pd.DataFrame):
            title="Batching gain and speculative gain by batch size")
     _plain(ax)
     ax.legend(fontsize="x-small")
-    return fig
+    return plots.tidy(fig)
 
 
 def plot_capacity(probes: pd.DataFrame, slo: dict):
@@ -98,4 +98,4 @@ def plot_capacity(probes: pd.DataFrame, slo: dict):
                  fontsize="small")
     fig.suptitle(f"Capacity search, {g['arm'].iloc[0]}", fontsize="medium")
     fig.tight_layout()
-    return fig
+    return plots.tidy(fig)

@@ -37,6 +37,7 @@ from studylib.progress import progress_bar
 from studylib.serving import Engine, EngineConfig
 from studylib.serving.metrics import check_slo
 from studylib.serving.workload import WorkloadItem, dataset_workload, to_requests
+from studylib.workbook.tables import why_not_measured
 
 CHAPTER = 5
 
@@ -360,7 +361,8 @@ def cache_aware_comparison(model, tokenizer, items: Sequence[WorkloadItem], rate
                      "e2el_p99_s": _p(s, "e2el_s", "p99"), "completed": s["requests"],
                      "preemptions": s["preemptions"], "max_running": max_running, "kv_budget_mib": budget,
                      "rate": rate})
-    return pd.DataFrame(rows)
+    return why_not_measured(pd.DataFrame(rows), max_bypass_bound="first come, first served never lets a "
+                                                                  "request skip ahead, so it needs no bound")
 
 
 # ---- (e) fragmentation -----------------------------------------------------------------------------

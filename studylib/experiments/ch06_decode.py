@@ -28,6 +28,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from studylib import plots
 from studylib.attention import Pattern, make_cache
 from studylib.attention.quest import QuestKVCache
 from studylib.bench.stats import estimate, ratio_estimate, rotated
@@ -207,7 +208,7 @@ def plot_decode_cost(dc: pd.DataFrame):
         ax.set_title(title)
     axes[0].set_ylim(bottom=0)
     axes[0].legend(fontsize="x-small")
-    return fig
+    return plots.tidy(fig)
 
 
 def explain_decode_cost(summary: pd.DataFrame) -> str:
@@ -357,7 +358,7 @@ def plot_needle(needle: pd.DataFrame):
         ax.set_ylabel("needle depth" if ax is axes[0][0] else "")
     fig.suptitle("Needle found (share of seeds)", fontsize="medium")
     fig.tight_layout()
-    return fig
+    return plots.tidy(fig)
 
 
 def explain_needle(needle: pd.DataFrame) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from studylib import plots
 from studylib.attention import Pattern, make_cache
 from studylib.errors import StudylibError
 
@@ -108,7 +109,6 @@ def quality_summary(result: dict) -> pd.DataFrame:
 def plot_frontier(summary: pd.DataFrame):
     import matplotlib.pyplot as plt
 
-    from studylib import plots
 
     fig, ax = plt.subplots()
     for kind, g in summary[summary.kind != "dense"].groupby("kind"):
@@ -123,14 +123,13 @@ def plot_frontier(summary: pd.DataFrame):
     ax.set_ylabel("perplexity / dense perplexity")
     ax.set_title("Quality vs KV budget")
     ax.legend()
-    return fig
+    return plots.tidy(fig)
 
 
 def plot_nll_gap(result: dict, smooth: int = 128):
     """Rolling mean of (pattern NLL - dense NLL) against position: where the pattern starts to lose."""
     import matplotlib.pyplot as plt
 
-    from studylib import plots
 
     fig, ax = plt.subplots()
     dense = result["runs"]["dense"]["nll"]
@@ -144,7 +143,7 @@ def plot_nll_gap(result: dict, smooth: int = 128):
     ax.set_ylabel(f"NLL gap vs dense (nats, mean of {smooth})")
     ax.set_title("Where sparse attention loses information")
     ax.legend(fontsize="x-small")
-    return fig
+    return plots.tidy(fig)
 
 
 def explain_quality(summary: pd.DataFrame) -> str:

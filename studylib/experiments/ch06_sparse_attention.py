@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from studylib import plots
 from studylib.attention import Pattern, attention, make_cache
 from studylib.attention.patterns import Dense
 from studylib.bench.stats import estimate, ratio_estimate, rotated
@@ -220,7 +221,6 @@ def plot_cost(cost: pd.DataFrame):
     import matplotlib.pyplot as plt
     import seaborn as sns
 
-    from studylib import plots
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     pal = {s: plots.color(Pattern.parse(s.split(" / ")[0]).kind) for s in cost["series"].unique()}
@@ -236,7 +236,7 @@ def plot_cost(cost: pd.DataFrame):
         ax.set_yscale("log")
         ax.set_title(title)
     axes[0].legend(fontsize="x-small")
-    return fig
+    return plots.tidy(fig)
 
 
 def kv_memory(cfg, lengths: Sequence[int], specs: Sequence[str], dtype: str = "float32") -> pd.DataFrame:

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from studylib import plots
 from studylib.experiments import ch07_combined as cc
 from studylib.experiments.ch07_report import LATENCY_BAR
 
@@ -55,7 +56,7 @@ def plot_speedups(summary: pd.DataFrame, target: float = LATENCY_BAR):
     ax.set(ylabel="e2e speedup vs AR", title="Each technique, and the stack, against the AR baseline")
     _log2_axis(ax)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return ax
+    return plots.tidy(ax)
 
 
 def plot_waterfall(wf: pd.DataFrame, target: float = LATENCY_BAR):
@@ -83,7 +84,7 @@ def plot_waterfall(wf: pd.DataFrame, target: float = LATENCY_BAR):
     ax.set(ylabel="speedup vs AR (log)", title="What each technique adds to the stack")
     _log2_axis(ax)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return ax
+    return plots.tidy(ax)
 
 
 def plot_interactions(spec_gain: pd.DataFrame, prefix_curve: pd.DataFrame, sparse: pd.DataFrame):
@@ -109,4 +110,4 @@ def plot_interactions(spec_gain: pd.DataFrame, prefix_curve: pd.DataFrame, spars
         ax.set_xscale("log", base=2)
         ax.set(xlabel=xl, ylabel="speedup (x)", title=title)
     fig.tight_layout()
-    return axes
+    return plots.tidy(axes)

@@ -21,6 +21,7 @@ import pandas as pd
 
 from studylib.bench.stats import estimate
 from studylib.experiments.ch07_combined import BASELINE, NamedWorkload, agreement, paired
+from studylib.workbook.tables import why_not_measured
 
 TASKS = {"xsum": "ROUGE-L F1", "humaneval": "pass@1"}
 QUALITY_BAR = 0.99  # ">99% of original generation quality"
@@ -112,7 +113,12 @@ def quality_frame(runs: pd.DataFrame, scores: pd.DataFrame, ppl: Mapping[str, di
             "retained_low": est.ci_low if est is not None else value,
             "retained_high": est.ci_high if est is not None else value,
         })
-    return pd.DataFrame(rows)
+    no_task = (f"only {' and '.join(TASKS)} have reference answers to score; a ratio is also undefined where the "
+               "baseline scores 0")
+    no_ppl = ("a lossless arm keeps dense attention, and a sparse arm whose contexts never outgrew its window "
+              "attended exactly as dense does, so there is no perplexity change to measure")
+    return why_not_measured(pd.DataFrame(rows), task_metric=no_task, task_score=no_task, baseline_task_score=no_task,
+                            task_ratio=no_task, ppl_ratio=no_ppl, ppl_ratio_ci=no_ppl)
 
 
 def reaches_sparsity(rows: pd.DataFrame) -> bool:

@@ -25,11 +25,13 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from studylib import plots
 from studylib.bench.stats import Estimate, estimate, ratio_estimate, rotated
 from studylib.claims import Verdict, decide_conditions, decide_parts, judge_at_least, judge_checks
 from studylib.decoding import ar
 from studylib.models import DenseKVCache, load_model
 from studylib.progress import progress_bar
+from studylib.workbook.tables import why_not_measured
 
 CHAPTER = 8
 BASELINE = "dense"
@@ -103,6 +105,10 @@ def load_arms(model_name: str, arms: Sequence[str], device: str = "cpu", calibra
     return models, tok
 
 
+AWQ_NOT_COMPARABLE = ("AWQ scales each input channel (the inverse scales sit in the norms), so its weights "
+                      "cannot be compared with the dense ones one by one")
+
+
 def footprint(models: Mapping[str, object]) -> pd.DataFrame:
     """Weight bytes one decode step reads, per arm, and bits per weight."""
     from studylib.models.weights import weight_bytes
@@ -114,7 +120,7 @@ def footprint(models: Mapping[str, object]) -> pd.DataFrame:
         rows.append({"arm": arm, "weight_mib": b / 2**20, "bits_per_weight": 32 * b / base, "bytes_vs_dense": b / base,
                      "kv_kib_per_token": kv_bytes_per_token(arm, m) / 1024,
                      "weight_rel_error": weight_error(models[BASELINE], m) if arm not in ATTENTION else 0.0})
-    return pd.DataFrame(rows)
+    return why_not_measured(pd.DataFrame(rows), weight_rel_error=AWQ_NOT_COMPARABLE)
 
 
 def kv_bytes_per_token(arm: str, model) -> int:
@@ -414,7 +420,7 @@ def combined(speed: pd.DataFrame, quality: pd.DataFrame, task: pd.DataFrame, fp:
     cols_q = ["arm", "ppl_ratio", "ppl_ratio_low", "ppl_ratio_high", "kl_mean", "kl_p999", "top1"]
     cols_t = ["arm", "task_ratio", "task_ratio_low", "task_ratio_high", "same_summary", "n_differ"]
     out = fp.merge(speed[cols_s], on="arm").merge(quality[cols_q], on="arm").merge(task[cols_t], on="arm")
-    return out
+    return why_not_measured(out, weight_rel_error=AWQ_NOT_COMPARABLE)
 
 
 def plot_frontier(table: pd.DataFrame, ax=None):
@@ -434,7 +440,7 @@ def plot_frontier(table: pd.DataFrame, ax=None):
     ax.set(yscale="log", xlabel="decode speed-up over dense fp32 on the same path (median, 95% CI)",
            ylabel="mean KL(dense || format), nats/token (floor 1e-7)",
            title="The quality/speed frontier of weight formats")
-    return ax
+    return plots.tidy(ax)
 
 
 def plot_step_cost(summary: pd.DataFrame, ax=None):
@@ -447,7 +453,7 @@ def plot_step_cost(summary: pd.DataFrame, ax=None):
     ax.set(xscale="log", yscale="log", xlabel="rows in the step (batch or verify block)",
            ylabel="tokens/s of the step", title="Where each format stops being bandwidth-bound")
     ax.set_xticks(sorted(summary.rows.unique()), labels=[str(n) for n in sorted(summary.rows.unique())])
-    return ax
+    return plots.tidy(ax)
 
 
 def exact_arms(fp: pd.DataFrame) -> list[str]:

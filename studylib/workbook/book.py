@@ -55,6 +55,8 @@ nav.book.bottom { border-top: 1px solid #e1e4e8; border-bottom: none; margin-top
 .summary dl { display: grid; grid-template-columns: max-content 1fr; gap: 0.15em 0.8em; margin: 0.3em 0; }
 .summary dt { font-weight: bold; color: #555; } .summary dd { margin: 0; }
 .summary ul { margin: 0.2em 0; padding-left: 1.2em; }
+.same-kind { border-left: 3px solid #c8d1dc; padding: 0.1em 0.9em; margin: 0.6em 0; font-size: 0.92em; }
+.same-kind h4 { margin: 0.3em 0; font-size: 1em; } .same-kind ul { margin: 0.2em 0 0.4em; padding-left: 1.2em; }
 .settings { font-size: 0.85em; color: #555; margin: 0.3em 0 1em; }
 .badge { display: inline-block; padding: 1px 7px; border-radius: 4px; font-size: 0.9em; white-space: nowrap;
          font-weight: bold; }
@@ -380,8 +382,10 @@ def nav(chapters: Sequence[tuple[int, str]], current: int | None, where: str = "
 
 
 def render_chapter(nb: Any, data: Mapping[str, Any] | None, chapters: Sequence[tuple[int, str]], chapter: int,
-                   dirty: bool = False, error: str | None = None, title: str | None = None) -> str:
-    """One chapter page: navigation, title, claims with their computed summary, settings line, the
+                   dirty: bool = False, error: str | None = None, title: str | None = None,
+                   same_kind: str = "") -> str:
+    """One chapter page: navigation, title, claims with their computed summary, the same kind of number in
+    other chapters (``same_kind``, HTML from ``studylib.workbook.same_kind.block``), settings line, the
     executed notebook without its setup cells, the appendix, navigation."""
     from pygments.formatters import HtmlFormatter
 
@@ -395,7 +399,7 @@ def render_chapter(nb: Any, data: Mapping[str, Any] | None, chapters: Sequence[t
                    f"{html.escape(error)}</div>")
     linked = [c for c, _ in chapters]
     head, rest = _split_title(_notebook_body(nb, chapter, linked)) if nb is not None else ("", "")
-    top = (chapter_summary(data) + settings_line(data)) if data else ""
+    top = (chapter_summary(data) + same_kind + settings_line(data)) if data else ""
     top += mechanism_html(chapter, (data or {}).get("params") or {})
     body = (nav(chapters, chapter) + banner + head + top + rest + (appendix(data) if data else "")
             + nav(chapters, chapter, "bottom"))
@@ -420,6 +424,7 @@ def chapter_list(out: Path, executed: Mapping[int, Any] | None = None) -> list[t
 
 def build_book(out: str | Path, index: Mapping[str, Any] | None = None) -> list[Path]:
     """Re-render every chapter page and the front page from what ``out`` holds; runs nothing."""
+    from studylib.workbook import same_kind
     from studylib.workbook.front import write_front_page
     from studylib.workbook.runner import read_index
 
@@ -433,7 +438,8 @@ def build_book(out: str | Path, index: Mapping[str, Any] | None = None) -> list[
         nn = f"ch{c:02d}"
         data = load_chapter(out / f"{nn}.json") if (out / f"{nn}.json").exists() else None
         dirty = bool((records.get(str(c)) or {}).get("dirty_tree"))
-        written.append(atomic_write(out / f"{nn}.html", render_chapter(executed[c], data, chapters, c, dirty=dirty)))
+        written.append(atomic_write(out / f"{nn}.html", render_chapter(executed[c], data, chapters, c, dirty=dirty,
+                                                                      same_kind=same_kind.block(out, c))))
     written.append(write_front_page(out, index, chapters, executed=executed))
     written.append(write_print_page(out, chapters))
     return written

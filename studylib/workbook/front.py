@@ -68,35 +68,55 @@ box.addEventListener('input', () => {
 """
 
 
-def _provenances(out: Path) -> list[dict[str, Any]]:
-    provs = []
+def _provenances(out: Path) -> dict[int, dict[str, Any]]:
+    provs = {}
     for f in sorted(out.glob("ch[0-9][0-9].json")):
         prov = json.loads(f.read_text(encoding="utf-8")).get("provenance") or {}
         if prov:
-            provs.append(prov)
+            provs[int(f.stem[2:])] = prov
     return provs
+
+
+def _machine(p: Mapping[str, Any]) -> str:
+    isa = p.get("isa", {}).get("label") if isinstance(p.get("isa"), Mapping) else p.get("isa")
+    if p.get("gpu"):
+        return f"GPU {p['gpu']}"
+    return f"{p.get('cpu')} ({p.get('cpu_count')} cores" + (f", ISA {isa})" if isa else ")")
+
+
+def _chapters_words(chs: Sequence[int]) -> str:
+    chs = sorted(chs)
+    if len(chs) == 1:
+        return f"chapter {chs[0]}"
+    return "chapters " + ", ".join(map(str, chs[:-1])) + f" and {chs[-1]}"
 
 
 def what_was_run(out: Path, index: Mapping[str, Any]) -> str:
     provs = _provenances(out)
     if not provs:
         return "<p>No chapter has run yet: <code>make reproduce</code> runs them all.</p>"
-    p = provs[-1]
-    isa = p.get("isa", {}).get("label") if isinstance(p.get("isa"), Mapping) else p.get("isa")
-    dates = sorted(str(x.get("date", ""))[:10] for x in provs if x.get("date"))
-    commits = sorted({commit_label(x) for x in provs if x.get("git_commit")})
+    p = provs[max(provs)]
+    dates = sorted(str(x.get("date", ""))[:10] for x in provs.values() if x.get("date"))
+    commits = sorted({commit_label(x) for x in provs.values() if x.get("git_commit")})
     params: dict[str, Any] = {}
     for f in sorted(out.glob("ch[0-9][0-9].json")):  # the first chapter that names each setting
         for k, v in (json.loads(f.read_text(encoding="utf-8")).get("params") or {}).items():
             params.setdefault(k, v)
     model = params.get("model", "the embedded model")
-    device = f"GPU {p['gpu']}" if p.get("gpu") else f"{p.get('cpu')} ({p.get('cpu_count')} cores" + \
-        (f", ISA {isa})" if isa else ")")
+    machines: dict[str, list[int]] = {}
+    for ch, prov in sorted(provs.items()):
+        machines.setdefault(_machine(prov), []).append(ch)
+    if len(machines) == 1:
+        where = f"on {html.escape(next(iter(machines)))}"
+    else:  # chapters rerun on another machine: say which ran where, so no reader compares across machines unawares
+        where = "on more than one machine (" + "; ".join(
+            f"{_chapters_words(chs)} on {html.escape(m)}" for m, chs in machines.items()) + \
+            "; each chapter compares its arms on its own machine, and its page names that machine)"
     seconds = sum(float(r.get("seconds") or 0) for r in (index.get("chapters") or {}).values())
     when = dates[0] if dates and dates[0] == dates[-1] else (f"{dates[0]} to {dates[-1]}" if dates else "")
     return (f"<p>Every chapter ran the model <b>{html.escape(str(model))}</b> "
-            f"({html.escape(str(params.get('dtype', 'default precision')))}) on "
-            f"{html.escape(device)}, profile <b>{html.escape(str(index.get('profile')))}</b>, {html.escape(when)}, "
+            f"({html.escape(str(params.get('dtype', 'default precision')))}) {where}, "
+            f"profile <b>{html.escape(str(index.get('profile')))}</b>, {html.escape(when)}, "
             f"from commit{'s' * (len(commits) > 1)} {', '.join(f'<code>{html.escape(c)}</code>' for c in commits)}; "
             f"torch {html.escape(str((p.get('versions') or {}).get('torch')))}. The chapters took "
             f"{_duration(seconds)} in all (each chapter's time is in the table below).</p>")
@@ -258,30 +278,14 @@ def search_index(chapters: Sequence[tuple[int, str]], executed: Mapping[int, Any
 
 
 def _spread(out: Path) -> str:
-    """Why the same kind of number differs between chapters: the conditions, read from each run's params."""
-    def param(ch: int, key: str) -> Any:
-        f = out / f"ch{ch:02d}.json"
-        if not f.exists():
-            return None
-        return (json.loads(f.read_text(encoding="utf-8")).get("params") or {}).get(key)
+    """Why the same kind of number differs between chapters: each figure beside its conditions, read from the
+    chapters' saved results (``same_kind``), then the decoders' speed-ups, which depend on the workload."""
+    from studylib.workbook import same_kind
 
-    s4, s5, s7 = param(4, "system_tokens"), param(5, "system_tokens"), param(7, "system_tokens")
-    n5 = param(5, "n_requests")
-    lines = []
-    if s4 and s7 and s5:
-        lines.append(f"<li><b>Prefix-cache time to first token.</b> Chapter 4 measures one request at a time "
-                     f"behind a {s4}-token shared system prompt, chapter 7 behind {s7} tokens mixed with other "
-                     f"workloads, chapter 5 behind {s5} tokens with the batch full: the longer the shared "
-                     "prefix and the more of the prompt it is, the larger the gain, and under load the queue, "
-                     "not the prefill, dominates the wait.</li>")
-    if n5:
-        lines.append(f"<li><b>Throughput gain.</b> Chapter 5 serves {n5} requests at once through the serving "
-                     "engine; chapter 7 reads that figure for C7. A throughput gain depends on how many requests "
-                     "can share a step, so a smaller workload gives a smaller gain on the same engine.</li>")
-    lines.append("<li><b>Speed-ups of decoders.</b> Chapters 2, 3 and 7 time single requests; a method's "
-                 "speed-up depends on the workload (code and summaries repeat their input, chat does not), which is "
-                 "why each table names its workload.</li>")
-    return "<ul>" + "".join(lines) + "</ul>"
+    return same_kind.block(out) + (
+        "<p><b>Speed-ups of decoders.</b> Chapters 2, 3 and 7 time single requests; a method's speed-up depends "
+        "on the workload (code and summaries repeat their input, chat does not), which is why each table names "
+        "its workload.</p>")
 
 
 def write_front_page(out: Path, index: Mapping[str, Any], chapters: Sequence[tuple[int, str]] | None = None,

@@ -64,6 +64,8 @@ def number(x: float, digits: int = 3) -> str:
 def cell(v: Any) -> str:
     if v is None:
         return NOT_MEASURED
+    if isinstance(v, str) and not v.strip():
+        return "–"  # an empty value (no layers skipped, no test failed), not a missing measurement
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, int):
@@ -135,10 +137,48 @@ def _with_ci(v: Any, lo: Any, hi: Any, n: Any) -> str:
     return f"{text} ({inner})"
 
 
+WHY_KEY = "not_measured_because"
+
+
+def why_not_measured(df: Any, **reasons: str):
+    """Record, on ``df`` itself, why a column has empty cells: ``why_not_measured(df, alpha="plain decoding
+    drafts nothing, so there is no acceptance rate")``. ``to_html`` prints each reason under the table for the
+    columns that really have an empty cell, so a reader never meets a bare "not measured". Returns ``df``."""
+    df.attrs[WHY_KEY] = {**df.attrs.get(WHY_KEY, {}), **reasons}
+    return df
+
+
+def _empty(v: Any) -> bool:
+    import pandas as pd
+
+    return not isinstance(v, list | tuple | dict) and bool(pd.isna(v))
+
+
+def notes(df: Any) -> list[str]:
+    """"Not measured" explained: one line per column of ``df`` that has an empty cell and a recorded reason
+    (``why_not_measured``), in column order."""
+    import pandas as pd
+
+    if not isinstance(df, pd.DataFrame):
+        return []
+    reasons = df.attrs.get(WHY_KEY) or {}
+    out = []
+    for c in df.columns:
+        if str(c) in reasons and any(_empty(v) for v in df[c]):
+            out.append(f"{header(c)}: {reasons[str(c)]}")
+    return out
+
+
 def to_html(df: Any) -> str:
-    """The readable frame as a compact HTML table that scrolls rather than overflows, never truncated."""
+    """The readable frame as a compact HTML table that scrolls rather than overflows, never truncated, with
+    why any "not measured" cell is empty written under it (``why_not_measured``)."""
+    import html as _html
+
     table = readable(df).to_html(index=False, escape=True, border=0, classes="studylib-table", na_rep=NOT_MEASURED)
-    return f"<div style='max-width:100%;overflow-x:auto'>{table}</div>"
+    why = notes(df)
+    foot = ("<p class='studylib-table-note' style='font-size:0.85em;margin-top:0.3em'><i>Not measured</i>: "
+            + "; ".join(_html.escape(w) for w in why) + ".</p>") if why else ""
+    return f"<div style='max-width:100%;overflow-x:auto'>{table}</div>{foot}"
 
 
 def install() -> bool:
@@ -162,8 +202,8 @@ def install() -> bool:
 
 def _parse_value(text: str) -> Any:
     t = text.strip()
-    if t in ("", "NaN", "nan", "None", "<NA>", "NaT"):
-        return None
+    if t in ("NaN", "nan", "None", "<NA>", "NaT"):
+        return None  # how pandas prints a missing value; an empty string was a value (nothing to list)
     if t in ("True", "False"):
         return t == "True"
     try:

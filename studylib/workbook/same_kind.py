@@ -1,0 +1,172 @@
+"""The same kind of number in more than one chapter, each beside its conditions.
+
+Chapters 4, 5 and 7 all measure what the prefix cache does to the time to first token, and chapters 5 and 7
+both report how much batching raises throughput. The numbers differ because the conditions differ (one
+request at a time or a full batch, a long or a short shared prefix), and a reader who meets 14x in one
+chapter and 1.2x in another deserves to be told why where the number stands. Each ``Kind`` reads its
+figure out of every chapter's saved JSON, with the conditions taken from that run's own parameters; the
+chapter pages print the block under their summary and the front page prints all of them.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from studylib.workbook.book import format_ci
+
+
+@dataclass(frozen=True)
+class Figure:
+    chapter: int
+    value: str  # formatted from the measurement, with its CI and n
+    conditions: str  # what the number is a ratio of, and under what load, from the run's parameters
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    why: str  # why the chapters' figures differ, in general terms (no numbers)
+    readers: tuple[tuple[int, Callable[[Mapping[str, Any]], Figure | None]], ...]
+
+
+def _ci(value: float, low: float | None, high: float | None, n: int | None, unit: str) -> str:
+    ci = (low, high) if _finite(low, high) else None
+    text = format_ci(value, ci, n, unit)
+    number, _, rest = text.partition(" (")
+    return f"{number}x" + (f" ({rest}" if rest else "")
+
+
+def _finite(*xs: Any) -> bool:
+    return all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in xs)
+
+
+def _ttft_ch04(data: Mapping[str, Any]) -> Figure | None:
+    rows = [r for r in (data.get("measurements") or {}).get("summary") or []
+            if r.get("workload") != "no_sharing" and _finite(r.get("TTFT speedup"))]
+    if not rows:
+        return None
+    r = next((r for r in rows if r.get("workload") == "system_prompt"), max(rows, key=lambda r: r["TTFT speedup"]))
+    lo, hi = (r.get("TTFT speedup CI") or [None, None])[:2]
+    p = data.get("params") or {}
+    hit = r.get("hit rate")
+    return Figure(4, _ci(r["TTFT speedup"], lo, hi, r.get("requests"), "requests"),
+                  f"median TTFT without / with the cache, {r['workload']} workload, one request at a time"
+                  + (f" behind a {p['system_tokens']}-token shared prompt" if p.get("system_tokens") else "")
+                  + (f", {hit:.0%} of prompt tokens found cached" if _finite(hit) else ""))
+
+
+def _ttft_ch05(data: Mapping[str, Any]) -> Figure | None:
+    v = next((v for v in data.get("verdicts") or [] if "TTFT gain / TPOT gain" in str(_get(v, "metric"))), None)
+    if v is None or not _finite(_get(v, "measured")):
+        return None
+    ci = _get(v, "ci") or (None, None)
+    p = data.get("params") or {}
+    return Figure(5, _ci(_get(v, "measured"), ci[0], ci[1], _get(v, "n"), _get(v, "unit") or "repeats"),
+                  "the cache's TTFT gain divided by its TPOT gain, continuous batching at saturation: "
+                  f"{p.get('n_requests', 'all')} requests at once behind {p.get('n_systems', 'a few')} shared "
+                  f"{p.get('system_tokens', '')}-token prompts, so the wait in the queue, not the prefill, dominates "
+                  "the time to first token")
+
+
+def _ttft_ch07(data: Mapping[str, Any]) -> Figure | None:
+    rows = (data.get("measurements") or {}).get("prefix_vs_output") or []
+    r = next((r for r in rows if r.get("output_tokens") == 1 and _finite(r.get("speedup"))), None)
+    if r is None:
+        return None
+    p = data.get("params") or {}
+    return Figure(7, _ci(r["speedup"], r.get("low"), r.get("high"), p.get("n_requests"), "requests"),
+                  "end-to-end time of a one-token answer (its TTFT) without / with the cache, one request at a "
+                  "time" + (f" behind a {p['system_tokens']}-token shared prompt" if p.get("system_tokens") else "")
+                  + "; the same cache gives less as the answer grows (chapter 7's figure)")
+
+
+def _gain_ch05(data: Mapping[str, Any]) -> Figure | None:
+    g = next((g for g in (data.get("measurements") or {}).get("gains") or []
+              if g.get("treated") == "continuous+radix" and g.get("baseline") == "sequential"), None)
+    if g is None or not _finite(g.get("gain")):
+        return None
+    p = data.get("params") or {}
+    return Figure(5, _ci(g["gain"], g.get("ci_low"), g.get("ci_high"), g.get("repeats"), "repeats"),
+                  f"output tokens/s of continuous batching with the prefix cache / one request at a time, "
+                  f"{p.get('n_requests', 'all')} chat requests arriving at once, <= {p.get('max_new_tokens', '?')} "
+                  "new tokens each")
+
+
+def _gain_ch07(data: Mapping[str, Any]) -> Figure | None:
+    v = next((v for v in data.get("verdicts") or [] if str(_get(v, "metric")).startswith("throughput at saturation")),
+             None)
+    if v is None or not _finite(_get(v, "measured")):
+        return None
+    ci = _get(v, "ci") or (None, None)
+    cond = str(_get(v, "conditions") or "")
+    where = ("read from chapter 5's saturation runs (the same measurement), as the throughput part of claim C7"
+             if "measured in chapter 5" in cond else "measured by chapter 7 for the throughput part of claim C7")
+    return Figure(7, _ci(_get(v, "measured"), ci[0], ci[1], _get(v, "n"), _get(v, "unit") or "repeats"), where)
+
+
+def _get(v: Any, key: str) -> Any:
+    return v.get(key) if isinstance(v, Mapping) else getattr(v, key, None)
+
+
+KINDS: tuple[Kind, ...] = (
+    Kind("Prefix-cache gain in time to first token",
+         "the longer the shared prefix and the larger its share of the prompt, the more prefill the cache skips; "
+         "with the batch full, requests wait in the queue, and the cache cannot shorten that wait",
+         ((4, _ttft_ch04), (7, _ttft_ch07), (5, _ttft_ch05))),
+    Kind("Throughput gain of batching over one request at a time",
+         "a throughput gain depends on how many requests can share a step, so a smaller workload gives a smaller "
+         "gain on the same engine; chapter 7 reads chapter 5's saturation runs rather than measuring its own",
+         ((5, _gain_ch05), (7, _gain_ch07))),
+)
+
+
+def _chapter_data(out: Path, chapter: int) -> Mapping[str, Any] | None:
+    f = out / f"ch{chapter:02d}.json"
+    if not f.exists():
+        return None
+    return json.loads(f.read_text(encoding="utf-8"))
+
+
+def figures(out: Path) -> list[tuple[Kind, list[Figure]]]:
+    """Every kind with the figures the chapters in ``out`` have measured (kinds with fewer than two dropped)."""
+    cache: dict[int, Mapping[str, Any] | None] = {}
+    found = []
+    for kind in KINDS:
+        figs = []
+        for ch, read in kind.readers:
+            if ch not in cache:
+                cache[ch] = _chapter_data(out, ch)
+            fig = read(cache[ch]) if cache[ch] else None
+            if fig is not None:
+                figs.append(fig)
+        if len(figs) >= 2:
+            found.append((kind, figs))
+    return found
+
+
+def _item(f: Figure, here: int | None) -> str:
+    who = "This chapter" if f.chapter == here else f"<a href='ch{f.chapter:02d}.html'>Chapter {f.chapter}</a>"
+    return f"<li>{who}: <b>{html.escape(f.value)}</b>, {html.escape(f.conditions)}.</li>"
+
+
+def block(out: Path, chapter: int | None = None) -> str:
+    """HTML: for ``chapter``, the kinds it shares with others (its own figure first); for None, every kind."""
+    parts = []
+    for kind, figs in figures(out):
+        if chapter is not None and chapter not in {f.chapter for f in figs}:
+            continue
+        figs = sorted(figs, key=lambda f: f.chapter != chapter) if chapter is not None else figs
+        parts.append(f"<p><b>{html.escape(kind.name)}.</b> The figures differ because {html.escape(kind.why)}.</p>"
+                     f"<ul>{''.join(_item(f, chapter) for f in figs)}</ul>")
+    if not parts:
+        return ""
+    if chapter is None:
+        return "".join(parts)
+    return ("<div class='same-kind'><h4>The same kind of number in other chapters</h4>" + "".join(parts)
+            + "</div>")
