@@ -158,11 +158,12 @@ def _visible(locs: Any, lo: float, hi: float) -> list[float]:
 def readable_log_axis(axis: Any, min_ticks: int = 3) -> None:
     """Give a log axis at least ``min_ticks`` labelled ticks (when its range allows): a range under a decade
     otherwise shows one label, or none, and the reader cannot read a value off it. Tries 1-2-5 steps, then every
-    integer step of the decade, then plain evenly spaced values; labels are plain numbers."""
+    integer step of the decade, then plain evenly spaced values; labels are plain numbers. Ticks a figure set on
+    purpose (a ``FixedLocator``, e.g. ``set_xticks``) are left alone."""
     import numpy as np
     from matplotlib.ticker import FixedLocator, MaxNLocator
 
-    if axis.get_scale() != "log":
+    if axis.get_scale() != "log" or isinstance(axis.get_major_locator(), FixedLocator):
         return
     lo, hi = sorted(axis.get_view_interval())
     if not (lo > 0 and np.isfinite(lo) and np.isfinite(hi)) or hi <= lo:
@@ -186,64 +187,98 @@ def readable_log_axis(axis: Any, min_ticks: int = 3) -> None:
 
 def _data_points(ax: plt.Axes, per_segment: int = 24) -> Any:
     """Display coordinates of what ``ax`` plots: points along every data line (reference lines drawn with
-    ``axhline``/``axvline`` excluded), scatter offsets, and the tops of bars."""
+    ``axhline``/``axvline`` excluded; no segment across a gap), scatter offsets, and a grid over every bar."""
     import numpy as np
 
     pts = [np.empty((0, 2))]
+    t = np.linspace(0.0, 1.0, per_segment)[:, None, None]
     for line in ax.get_lines():
         if not line.get_visible() or line.get_transform() != ax.transData:
             continue
-        xy = line.get_transform().transform(
-            np.column_stack([np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)]))
-        xy = xy[np.isfinite(xy).all(axis=1)]
-        if len(xy) > 1:  # sample each segment, so a legend over the middle of a long segment counts
-            t = np.linspace(0.0, 1.0, per_segment)[:, None, None]
-            xy = (xy[:-1][None] * (1 - t) + xy[1:][None] * t).reshape(-1, 2)
-        pts.append(xy)
+        xy = line.get_transform().transform(np.asarray(line.get_xydata(), float))
+        ok = np.isfinite(xy).all(axis=1)
+        pts.append(xy[ok])
+        seg = ok[:-1] & ok[1:]  # a segment only between two drawn points, so a NaN gap stays a gap
+        if seg.any():  # sample each segment, so a legend over the middle of a long segment counts
+            a, b = xy[:-1][seg], xy[1:][seg]
+            pts.append((a[None] * (1 - t) + b[None] * t).reshape(-1, 2))
     for coll in ax.collections:
         offs = np.asarray(coll.get_offsets(), float)
         if offs.ndim == 2 and len(offs):
             pts.append(coll.get_offset_transform().transform(offs))
     for patch in ax.patches:
         bbox = patch.get_window_extent()
-        pts.append(np.array([[bbox.x0, bbox.y1], [bbox.x1, bbox.y1], [(bbox.x0 + bbox.x1) / 2, bbox.y1]]))
+        gx, gy = np.meshgrid(np.linspace(bbox.x0, bbox.x1, 5), np.linspace(bbox.y0, bbox.y1, 9))
+        pts.append(np.column_stack([gx.ravel(), gy.ravel()]))
     out = np.concatenate(pts)
     return out[np.isfinite(out).all(axis=1)]
 
 
 def legend_covers_data(ax: plt.Axes) -> bool:
-    """True when ``ax``'s legend box, drawn inside the axes, covers any plotted point."""
+    """True when ``ax``'s legend box covers any plotted point of ``ax`` or of another axes of its figure."""
     legend = ax.get_legend()
     if legend is None or not legend.get_visible():
         return False
     fig = ax.figure
     fig.canvas.draw()
     box = legend.get_window_extent()
-    if not ax.bbox.overlaps(box):
-        return False
-    pts = _data_points(ax)
-    inside = ((pts[:, 0] >= box.x0) & (pts[:, 0] <= box.x1) & (pts[:, 1] >= box.y0) & (pts[:, 1] <= box.y1))
-    return bool(inside.any())
+    for other in fig.axes:
+        if not other.bbox.overlaps(box):
+            continue
+        pts = _data_points(other)
+        if ((pts[:, 0] >= box.x0) & (pts[:, 0] <= box.x1) & (pts[:, 1] >= box.y0) & (pts[:, 1] <= box.y1)).any():
+            return True
+    return False
 
 
-def tidy(fig_or_ax: Any) -> Any:
-    """Last step of every workbook figure: each log axis gets readable ticks, and a legend that covers data
-    moves to the right of its axes (the saved figure's tight bounding box keeps it). Takes a Figure, an Axes,
-    an array of Axes or a seaborn grid; returns its argument."""
+def _overlaps_other_axes(ax: plt.Axes) -> bool:
+    """Whether ``ax``'s legend overlaps another panel (a twin axes on the same panel does not count)."""
+    box = ax.get_legend().get_window_extent()
+    return any(other is not ax and other.get_visible() and other.bbox.bounds != ax.bbox.bounds
+               and other.bbox.overlaps(box) for other in ax.figure.axes)
+
+
+# Where a legend may go, in order: the four inside corners, then beside the axes, then under it.
+_PLACES = ([{"loc": loc} for loc in ("upper left", "upper right", "lower right", "lower left", "center right",
+                                     "center left", "upper center", "lower center")]
+           + [{"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0},
+              {"loc": "upper center", "bbox_to_anchor": (0.5, -0.22), "borderaxespad": 0.0}])
+
+
+def _axes_of(obj: Any) -> list[plt.Axes]:
     import numpy as np
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
-    first = np.ravel(fig_or_ax)[0] if isinstance(fig_or_ax, np.ndarray | list | tuple) else fig_or_ax
-    fig = first if hasattr(first, "savefig") else first.figure
-    for ax in fig.axes:
+    if isinstance(obj, Axes):
+        return [obj]
+    if isinstance(obj, Figure):
+        return list(obj.axes)
+    if isinstance(obj, np.ndarray | list | tuple):
+        return [a for a in np.ravel(np.asarray(obj, dtype=object)) if isinstance(a, Axes)]
+    fig = getattr(obj, "figure", None)  # a seaborn FacetGrid / JointGrid
+    return list(fig.axes) if isinstance(fig, Figure) else []
+
+
+def tidy(obj: Any) -> Any:
+    """Last step of every workbook figure, on the axes it is given (a Figure: all of them; an Axes or an array
+    of Axes: those; a seaborn grid: its figure's): each log axis gets readable ticks, and a legend that covers
+    data moves to the first place that covers none (an inside corner, beside the axes, under it) without
+    landing on another panel. Returns its argument."""
+    axes = _axes_of(obj)
+    for ax in axes:
         for axis in (ax.xaxis, ax.yaxis):
             readable_log_axis(axis)
-    for ax in fig.axes:
+    for ax in axes:
         legend = ax.get_legend()
-        if legend is not None and legend_covers_data(ax):
-            title = legend.get_title().get_text() or None
-            handles = legend.legend_handles
-            labels = [t.get_text() for t in legend.get_texts()]
-            size = legend.get_texts()[0].get_fontsize() if labels else None
-            ax.legend(handles, labels, title=title, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=size,
-                      borderaxespad=0.0)
-    return fig_or_ax
+        if legend is None or not legend_covers_data(ax):
+            continue
+        title = legend.get_title().get_text() or None
+        handles = legend.legend_handles
+        labels = [t.get_text() for t in legend.get_texts()]
+        size = legend.get_texts()[0].get_fontsize() if labels else None
+        for place in _PLACES:
+            ax.legend(handles, labels, title=title, fontsize=size, **place)
+            if not legend_covers_data(ax) and not _overlaps_other_axes(ax):
+                break
+    return obj

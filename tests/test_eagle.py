@@ -227,3 +227,16 @@ def test_engine_costs_read_tau_c_and_v_in_ar_steps():
     r = engine_costs(df).iloc[0]
     assert r.tau == pytest.approx(2.5) and r.c == pytest.approx(0.1) and r.v == pytest.approx(1.5)
     assert r.predicted_speedup == pytest.approx(2.5 / (1.5 + 2 * 0.1))
+
+
+def test_acceptance_by_depth_explains_the_levels_a_tree_does_not_have():
+    import pandas as pd
+
+    from studylib.experiments.ch02_eagle import acceptance_by_depth
+    from studylib.workbook import tables
+
+    positions = pd.DataFrame({"method": ["eagle@2", "eagle@2", "eagle@3", "eagle@3", "eagle@3"],
+                              "depth": [1, 2, 1, 2, 3], "acceptance": [0.5, 0.25, 0.6, 0.3, 0.1]})
+    table = acceptance_by_depth(positions)
+    assert table.loc[3, "eagle@3"] == 0.1 and pd.isna(table.loc[3, "eagle@2"])
+    assert tables.notes(table) == ["Eagle@2: this tree has no level this deep, or no step reached the level above it"]

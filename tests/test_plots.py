@@ -78,10 +78,8 @@ def test_legend_over_the_data_moves_outside_and_one_clear_of_it_stays():
     assert plots.legend_covers_data(ax)
     plots.tidy(fig)
     legend = ax.get_legend()
-    assert [t.get_text() for t in legend.get_texts()] == ["top line", "bottom"]
-    assert not plots.legend_covers_data(ax)  # now beside the axes
-    fig.canvas.draw()
-    assert legend.get_window_extent().x0 >= ax.bbox.x1
+    assert [t.get_text() for t in legend.get_texts()] == ["top line", "bottom"]  # same entries
+    assert not plots.legend_covers_data(ax)  # moved to a place that covers nothing
 
     fig2, ax2 = plt.subplots()
     ax2.plot(x, x * 0.1, label="low")
@@ -91,4 +89,59 @@ def test_legend_over_the_data_moves_outside_and_one_clear_of_it_stays():
     plots.tidy(fig2)
     fig2.canvas.draw()
     assert ax2.get_legend().get_window_extent().x1 <= ax2.bbox.x1 + 1  # left where it was
+    plt.close("all")
+
+
+def test_a_legend_moved_off_the_data_never_lands_on_the_next_panel():
+    import numpy as np
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
+    x = np.linspace(0, 1, 50)
+    for ax in (a, b):  # data along the top and bottom of both panels: no free corner inside
+        ax.plot(x, np.full_like(x, 0.95), label="top")
+        ax.plot(x, np.full_like(x, 0.05), label="bottom")
+        ax.plot(np.full(50, 0.5), np.linspace(0, 1, 50), label="middle")
+        ax.set(xlim=(0, 1), ylim=(0, 1))
+    a.legend(loc="upper right")
+    assert plots.legend_covers_data(a)
+    plots.tidy(fig)
+    fig.canvas.draw()
+    box = a.get_legend().get_window_extent()
+    assert not plots.legend_covers_data(a)
+    assert not b.bbox.overlaps(box)  # beside the left panel would sit on the right one: it went under it
+    plt.close("all")
+
+
+def test_a_free_corner_is_preferred_and_tidy_on_one_axes_leaves_the_others():
+    import numpy as np
+
+    fig, (a, b) = plt.subplots(1, 2)
+    x = np.linspace(0, 1, 50)
+    a.plot(x, 0.9 * x + 0.05, label="rising")  # occupies the upper right and lower left
+    a.set(xlim=(0, 1), ylim=(0, 1))
+    a.legend(loc="upper right")
+    b.plot([1, 2], [0.3, 0.6])
+    b.set_yscale("log")
+    plots.tidy(a)
+    fig.canvas.draw()
+    assert not plots.legend_covers_data(a) and a.get_legend().get_window_extent().x1 <= a.bbox.x1 + 1
+    assert b.yaxis.get_major_locator().__class__.__name__ != "FixedLocator"  # b was not given to tidy
+    plt.close("all")
+
+
+def test_ticks_set_on_purpose_are_kept_and_a_seaborn_grid_is_accepted():
+    import seaborn as sns
+
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [0.3, 0.6])
+    ax.set_yscale("log")
+    ax.set_yticks([0.3, 0.6], labels=["low", "high"])
+    plots.tidy(fig)
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["low", "high"]
+    grid = sns.relplot(data=pd.DataFrame({"x": [1, 2, 3], "y": [0.3, 0.45, 0.6], "k": ["a", "a", "b"]}),
+                       x="x", y="y", col="k", kind="line")
+    for g_ax in grid.axes.flat:
+        g_ax.set_yscale("log")
+    assert plots.tidy(grid) is grid
+    assert len([t for t in _labels(grid.axes.flat[0].yaxis) if t]) >= 3
     plt.close("all")

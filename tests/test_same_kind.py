@@ -9,6 +9,16 @@ def _write(tmp_path, ch, data):
     (tmp_path / f"ch{ch:02d}.json").write_text(json.dumps(data), encoding="utf-8")
 
 
+def _runs():
+    # 5 repeats at saturation (rate None), TTFT p50 without / with the cache; a Poisson run (rate 2) is ignored
+    rows = []
+    for rep, (cold, warm) in enumerate([(2.0, 1.6), (2.2, 1.8), (2.1, 1.7), (1.9, 1.6), (2.0, 1.7)]):
+        rows += [{"arm": "continuous", "rate": None, "repeat": rep, "ttft_p50_s": cold},
+                 {"arm": "continuous+radix", "rate": None, "repeat": rep, "ttft_p50_s": warm},
+                 {"arm": "continuous", "rate": 2.0, "repeat": rep, "ttft_p50_s": 100.0}]
+    return rows
+
+
 def _study(tmp_path):
     _write(tmp_path, 4, {"params": {"system_tokens": 1024}, "measurements": {"summary": [
         {"workload": "no_sharing", "TTFT speedup": 1.01, "TTFT speedup CI": [0.9, 1.1], "requests": 10},
@@ -16,7 +26,7 @@ def _study(tmp_path):
         {"workload": "system_prompt", "TTFT speedup": 14.2, "TTFT speedup CI": [13.0, 15.1], "requests": 10,
          "hit rate": 0.88}]}})
     _write(tmp_path, 5, {"params": {"n_requests": 64, "n_systems": 4, "system_tokens": 128, "max_new_tokens": 48},
-                         "measurements": {"gains": [
+                         "measurements": {"runs": _runs(), "gains": [
                              {"treated": "continuous", "baseline": "sequential", "gain": 4.0, "ci_low": 3.9,
                               "ci_high": 4.3, "repeats": 5},
                              {"treated": "continuous+radix", "baseline": "sequential", "gain": 6.7, "ci_low": 6.5,
@@ -31,6 +41,8 @@ def test_each_chapter_page_shows_its_own_figure_first_and_the_others_with_their_
     assert page4.index("This chapter: <b>14.2x (95% CI 13 to 15.1, n=10 requests)</b>") < page4.index("Chapter 5")
     assert "system_prompt workload, one request at a time behind a 1024-token shared prompt, 88%" in page4
     assert "64 requests at once behind 4 shared 128-token prompts" in page4
+    # chapter 5's figure is its own TTFT ratio, paired by repeat: median 2.0 / median 1.7
+    assert "<b>1.18x (95% CI" in page4 and "n=5 repeats" in page4
     assert "<a href='ch05.html'>" in page4
     # chapter 5 appears in both kinds, but the throughput kind needs a second chapter to compare with
     assert "Throughput gain" not in same_kind.block(tmp_path, 5)
@@ -39,9 +51,13 @@ def test_each_chapter_page_shows_its_own_figure_first_and_the_others_with_their_
 
 def test_a_kind_needs_two_measured_chapters_and_missing_results_are_skipped(tmp_path):
     _write(tmp_path, 4, {"measurements": {"summary": [{"workload": "system_prompt", "TTFT speedup": float("nan")}]}})
-    _study_only_5 = {"measurements": {}, "verdicts": []}
-    _write(tmp_path, 5, _study_only_5)
-    assert same_kind.figures(tmp_path) == []
+    _write(tmp_path, 5, {"params": {}, "measurements": {"runs": _runs()}})
+    _write(tmp_path, 7, {"params": {}, "measurements": {"prefix_vs_output": [
+        {"output_tokens": 1, "speedup": 5.4, "low": 4.9, "high": 5.8}]}})
+    kinds = same_kind.figures(tmp_path)
+    assert [[f.chapter for f in figs] for _, figs in kinds] == [[7, 5]]  # chapter 4's NaN is skipped
+    (tmp_path / "ch07.json").unlink()
+    assert same_kind.figures(tmp_path) == []  # one chapter alone is no comparison
     assert same_kind.block(tmp_path) == ""
 
 
@@ -57,5 +73,10 @@ def test_chapter_7_reading_chapter_5s_runs_says_so(tmp_path):
     ttft = kinds["Prefix-cache gain in time to first token"]
     assert [f.chapter for f in ttft] == [4, 7, 5]
     assert ttft[1].value == "5.4x (95% CI 4.9 to 5.8, n=10 requests)"
-    gain7 = kinds["Throughput gain of batching over one request at a time"][1]
+    gain5, gain7 = kinds["Throughput gain of batching over one request at a time"]
     assert gain7.chapter == 7 and "read from chapter 5's saturation runs" in gain7.conditions
+    assert gain5.value == gain7.value
+    page = same_kind.block(tmp_path)
+    assert "Throughput gain of batching over one request at a time.</b> The chapters report the same measurement." \
+        in page
+    assert "Prefix-cache gain in time to first token.</b> The figures differ because" in page

@@ -97,3 +97,18 @@ def test_empty_strings_in_rendered_html_are_values_not_missing_measurements():
     markup = pd.DataFrame({"a": ["", "x"], "b": [None, 1.5]}).to_html()
     back = tables.frame_from_html(markup)
     assert back["a"].tolist() == ["", "x"] and pd.isna(back["b"].iloc[0])
+
+
+def test_columns_sharing_a_reason_are_named_together_and_cells_holding_lists_are_values():
+    import math
+
+    import numpy as np
+    import pandas as pd
+
+    from studylib.workbook import tables
+
+    df = pd.DataFrame({"arm": ["a", "b"], "task_score": [math.nan, 0.5], "task_ratio": [math.nan, 1.0],
+                       "ci": [(0.9, 1.1), None], "ids": [np.arange(3), np.arange(2)]})
+    tables.why_not_measured(df, task_score="no references", task_ratio="no references", ci="one repeat only")
+    assert tables.notes(df) == ["Task score, Task ratio: no references", "CI: one repeat only"]
+    assert "Not measured</i>: Task score, Task ratio: no references; CI: one repeat only." in tables.to_html(df)

@@ -145,6 +145,13 @@ def per_position(df: pd.DataFrame, results: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def acceptance_by_depth(positions: pd.DataFrame) -> pd.DataFrame:
+    """``per_position`` as a table: one row per depth, one column per method (3 decimals)."""
+    table = positions.pivot(index="depth", columns="method", values="acceptance").round(3)
+    return why_not_measured(table, **{str(m): "this tree has no level this deep, or no step reached the level "
+                                               "above it" for m in table.columns})
+
+
 def tree_sweep(runner, prompts: Sequence, specs: Sequence[str], max_new_tokens: int, verify_cost=None,
                cost_model: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Chain and trees on the same prompts, arms interleaved with AR: per spec the measured tau (tokens

@@ -222,7 +222,7 @@ SAMPLERS = (("exact (residual resampling)", None, False),
 
 # The chain and tree samplers' checks are shown in one table; both record the same reasons, so they survive
 # pd.concat (which keeps attrs only when they agree).
-TREE_ONLY = "counted only for the tree (EAGLE) samplers, whose first step can accept a draft token"
+TREE_ONLY = "tallied only for the tree (EAGLE) samplers; the chain samplers' check does not count it"
 
 
 def sampling_check(n: int = 2000, temperature: float = 1.0, top_k: int = 0, alpha: float = 1e-3,

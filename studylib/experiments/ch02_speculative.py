@@ -220,7 +220,8 @@ def _counts(res) -> dict:
 # ------------------------------------------------------------------------------------------- summaries
 
 
-NO_DRAFT = "plain decoding (AR) drafts nothing, so it has no acceptance rate"
+NO_DRAFT = ("plain decoding (AR) drafts nothing, and a method that proposed no draft token on these prompts "
+            "has nothing to accept or reject")
 
 
 def _alpha(g: pd.DataFrame) -> float:

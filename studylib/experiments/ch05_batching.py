@@ -201,8 +201,9 @@ def peer_table(curve: pd.DataFrame, hf: Mapping | None, vllm: Mapping | None) ->
     if vllm:
         rows.append({"system": f"vLLM CPU {vllm.get('vllm_version', '')}".strip(),
                      "throughput_tok_s": vllm.get("throughput_tok_s"), "tpot_p99_s": vllm.get("tpot_p99_s")})
-    return why_not_measured(pd.DataFrame(rows), tpot_p99_s="HF generate returns whole batches, so the time of each "
-                                                           "output token is not observed")
+    why = ("HF generate returns whole batches, so the time of each output token is not observed; a peer that "
+           "records no per-token timings leaves it empty too")
+    return why_not_measured(pd.DataFrame(rows), tpot_p99_s=why)
 
 
 def curves(df: pd.DataFrame) -> pd.DataFrame:

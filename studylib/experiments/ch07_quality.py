@@ -113,8 +113,8 @@ def quality_frame(runs: pd.DataFrame, scores: pd.DataFrame, ppl: Mapping[str, di
             "retained_low": est.ci_low if est is not None else value,
             "retained_high": est.ci_high if est is not None else value,
         })
-    no_task = (f"only {' and '.join(TASKS)} have reference answers to score; a ratio is also undefined where the "
-               "baseline scores 0")
+    no_task = (f"scored only on {' and '.join(TASKS)}, which have reference answers, when their scores were "
+               "computed; a ratio is also undefined where the baseline scores 0")
     no_ppl = ("a lossless arm keeps dense attention, and a sparse arm whose contexts never outgrew its window "
               "attended exactly as dense does, so there is no perplexity change to measure")
     return why_not_measured(pd.DataFrame(rows), task_metric=no_task, task_score=no_task, baseline_task_score=no_task,

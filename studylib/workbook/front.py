@@ -95,7 +95,6 @@ def what_was_run(out: Path, index: Mapping[str, Any]) -> str:
     provs = _provenances(out)
     if not provs:
         return "<p>No chapter has run yet: <code>make reproduce</code> runs them all.</p>"
-    p = provs[max(provs)]
     dates = sorted(str(x.get("date", ""))[:10] for x in provs.values() if x.get("date"))
     commits = sorted({commit_label(x) for x in provs.values() if x.get("git_commit")})
     params: dict[str, Any] = {}
@@ -112,13 +111,14 @@ def what_was_run(out: Path, index: Mapping[str, Any]) -> str:
         where = "on more than one machine (" + "; ".join(
             f"{_chapters_words(chs)} on {html.escape(m)}" for m, chs in machines.items()) + \
             "; each chapter compares its arms on its own machine, and its page names that machine)"
+    torch_versions = sorted({str((x.get("versions") or {}).get("torch")) for x in provs.values()})
     seconds = sum(float(r.get("seconds") or 0) for r in (index.get("chapters") or {}).values())
     when = dates[0] if dates and dates[0] == dates[-1] else (f"{dates[0]} to {dates[-1]}" if dates else "")
     return (f"<p>Every chapter ran the model <b>{html.escape(str(model))}</b> "
             f"({html.escape(str(params.get('dtype', 'default precision')))}) {where}, "
             f"profile <b>{html.escape(str(index.get('profile')))}</b>, {html.escape(when)}, "
             f"from commit{'s' * (len(commits) > 1)} {', '.join(f'<code>{html.escape(c)}</code>' for c in commits)}; "
-            f"torch {html.escape(str((p.get('versions') or {}).get('torch')))}. The chapters took "
+            f"torch {html.escape(', '.join(torch_versions))}. The chapters took "
             f"{_duration(seconds)} in all (each chapter's time is in the table below).</p>")
 
 

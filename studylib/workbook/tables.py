@@ -151,22 +151,27 @@ def why_not_measured(df: Any, **reasons: str):
 def _empty(v: Any) -> bool:
     import pandas as pd
 
-    return not isinstance(v, list | tuple | dict) and bool(pd.isna(v))
+    if v is None:
+        return True
+    try:
+        return bool(pd.isna(v))
+    except (TypeError, ValueError):  # a list, dict or array in a cell is a value
+        return False
 
 
 def notes(df: Any) -> list[str]:
-    """"Not measured" explained: one line per column of ``df`` that has an empty cell and a recorded reason
-    (``why_not_measured``), in column order."""
+    """"Not measured" explained: one line per reason recorded with ``why_not_measured`` for the columns of
+    ``df`` that have an empty cell, naming those columns, in column order."""
     import pandas as pd
 
     if not isinstance(df, pd.DataFrame):
         return []
     reasons = df.attrs.get(WHY_KEY) or {}
-    out = []
+    grouped: dict[str, list[str]] = {}  # columns that share a reason are named together, once
     for c in df.columns:
         if str(c) in reasons and any(_empty(v) for v in df[c]):
-            out.append(f"{header(c)}: {reasons[str(c)]}")
-    return out
+            grouped.setdefault(reasons[str(c)], []).append(header(c))
+    return [f"{', '.join(cols)}: {why}" for why, cols in grouped.items()]
 
 
 def to_html(df: Any) -> str:
