@@ -31,6 +31,7 @@ def cpu_model() -> str:
         pass
     return platform.processor() or platform.machine()
 
+
 def read_prompts(path: Path) -> list[dict]:
     rows = []
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):

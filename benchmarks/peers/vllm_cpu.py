@@ -39,6 +39,7 @@ def cpu_model() -> str:
         pass
     return platform.processor() or "unknown"
 
+
 def read_requests(path: Path) -> list[dict]:
     rows = []
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):

@@ -390,7 +390,6 @@ def speedup_figure(summary: pd.DataFrame, by: str = "workload", title: str = "Sp
     """Grouped bars of the speedup per ``by`` and method, with the bootstrap 95% CI as error bars."""
     import matplotlib.pyplot as plt
 
-
     s = summary[summary.method != "ar"]
     groups, methods = list(dict.fromkeys(s[by])), list(dict.fromkeys(s.method))
     width = 0.8 / max(len(methods), 1)

@@ -256,8 +256,9 @@ def vllm_status(vllm: dict | None, out_dir: str | Path) -> str:
     where = reports_folder(out_dir) / "peers" / "vllm_cpu.json"
     if vllm is None:
         peer = _vllm_file(out_dir)
-        if peer is not None and other_machine(peer):
-            return (f"vLLM CPU: not compared, because {other_machine(peer)}; a side-by-side needs both on one "
+        elsewhere = other_machine(peer) if peer is not None else None
+        if elsewhere:
+            return (f"vLLM CPU: not compared, because {elsewhere}; a side-by-side needs both on one "
                     "machine. Rerun the peer here on the requests exported below (`benchmarks/peers/README.md`).")
         return (f"vLLM CPU: not measured here ({where} is absent). It runs from its own virtual environment on the "
                 "requests exported below; see `benchmarks/peers/README.md`.")

@@ -109,7 +109,6 @@ def quality_summary(result: dict) -> pd.DataFrame:
 def plot_frontier(summary: pd.DataFrame):
     import matplotlib.pyplot as plt
 
-
     fig, ax = plt.subplots()
     for kind, g in summary[summary.kind != "dense"].groupby("kind"):
         g = g.sort_values("budget_frac")
@@ -129,7 +128,6 @@ def plot_frontier(summary: pd.DataFrame):
 def plot_nll_gap(result: dict, smooth: int = 128):
     """Rolling mean of (pattern NLL - dense NLL) against position: where the pattern starts to lose."""
     import matplotlib.pyplot as plt
-
 
     fig, ax = plt.subplots()
     dense = result["runs"]["dense"]["nll"]

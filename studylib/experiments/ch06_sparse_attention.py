@@ -221,7 +221,6 @@ def plot_cost(cost: pd.DataFrame):
     import matplotlib.pyplot as plt
     import seaborn as sns
 
-
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     pal = {s: plots.color(Pattern.parse(s.split(" / ")[0]).kind) for s in cost["series"].unique()}
     styles = {s: (2, 2) if s.endswith("masked") else "" for s in pal}

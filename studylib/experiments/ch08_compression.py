@@ -588,8 +588,9 @@ def peer_frame(out_dir, decode: pd.DataFrame, arm: str = "gguf") -> tuple[pd.Dat
     peer = json.loads(path.read_text())
     from studylib.experiments.ch05_interplay import other_machine
 
-    if other_machine(peer):
-        return None, (f"llama.cpp is not compared here, because {other_machine(peer)}: a side-by-side needs both "
+    elsewhere = other_machine(peer)
+    if elsewhere:
+        return None, (f"llama.cpp is not compared here, because {elsewhere}: a side-by-side needs both "
                       "engines on one machine. Rerun the peer here on this run's exported prompts "
                       "(`benchmarks/peers/README.md`).")
     theirs = {int(r["id"]): r for r in peer["prompts"]}

@@ -433,13 +433,14 @@ def build_book(out: str | Path, index: Mapping[str, Any] | None = None) -> list[
     records = index.get("chapters", {})
     executed = executed_notebooks(out)
     chapters = chapter_list(out, executed)
+    shared = same_kind.figures(out)  # read once for every page
     written = []
     for c, _ in chapters:
         nn = f"ch{c:02d}"
         data = load_chapter(out / f"{nn}.json") if (out / f"{nn}.json").exists() else None
         dirty = bool((records.get(str(c)) or {}).get("dirty_tree"))
         written.append(atomic_write(out / f"{nn}.html", render_chapter(executed[c], data, chapters, c, dirty=dirty,
-                                                                      same_kind=same_kind.block(out, c))))
+                                                                      same_kind=same_kind.block(out, c, shared))))
     written.append(write_front_page(out, index, chapters, executed=executed))
     written.append(write_print_page(out, chapters))
     return written

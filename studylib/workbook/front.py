@@ -68,13 +68,9 @@ box.addEventListener('input', () => {
 """
 
 
-def _provenances(out: Path) -> dict[int, dict[str, Any]]:
-    provs = {}
-    for f in sorted(out.glob("ch[0-9][0-9].json")):
-        prov = json.loads(f.read_text(encoding="utf-8")).get("provenance") or {}
-        if prov:
-            provs[int(f.stem[2:])] = prov
-    return provs
+def _saved(out: Path) -> dict[int, dict[str, Any]]:
+    """Every chapter's saved JSON in ``out``, read once, by chapter number."""
+    return {int(f.stem[2:]): json.loads(f.read_text(encoding="utf-8")) for f in sorted(out.glob("ch[0-9][0-9].json"))}
 
 
 def _machine(p: Mapping[str, Any]) -> str:
@@ -92,14 +88,15 @@ def _chapters_words(chs: Sequence[int]) -> str:
 
 
 def what_was_run(out: Path, index: Mapping[str, Any]) -> str:
-    provs = _provenances(out)
+    saved = _saved(out)
+    provs = {ch: d["provenance"] for ch, d in saved.items() if d.get("provenance")}
     if not provs:
         return "<p>No chapter has run yet: <code>make reproduce</code> runs them all.</p>"
     dates = sorted(str(x.get("date", ""))[:10] for x in provs.values() if x.get("date"))
     commits = sorted({commit_label(x) for x in provs.values() if x.get("git_commit")})
     params: dict[str, Any] = {}
-    for f in sorted(out.glob("ch[0-9][0-9].json")):  # the first chapter that names each setting
-        for k, v in (json.loads(f.read_text(encoding="utf-8")).get("params") or {}).items():
+    for data in saved.values():  # the first chapter that names each setting
+        for k, v in (data.get("params") or {}).items():
             params.setdefault(k, v)
     model = params.get("model", "the embedded model")
     machines: dict[str, list[int]] = {}

@@ -108,19 +108,15 @@ def _gain_ch05(data: Mapping[str, Any]) -> Figure | None:
 
 
 def _gain_ch07(data: Mapping[str, Any]) -> Figure | None:
-    v = next((v for v in data.get("verdicts") or [] if str(_get(v, "metric")).startswith("throughput at saturation")),
+    v = next((v for v in data.get("verdicts") or [] if str(v.get("metric")).startswith("throughput at saturation")),
              None)
-    if v is None or not _finite(_get(v, "measured")):
+    if v is None or not _finite(v.get("measured")):
         return None
-    ci = _get(v, "ci") or (None, None)
-    cond = str(_get(v, "conditions") or "")
+    ci = v.get("ci") or (None, None)
+    cond = str(v.get("conditions") or "")
     where = ("read from chapter 5's saturation runs (the same measurement), as the throughput part of claim C7"
              if "measured in chapter 5" in cond else "measured by chapter 7 for the throughput part of claim C7")
-    return Figure(7, _ci(_get(v, "measured"), ci[0], ci[1], _get(v, "n"), _get(v, "unit") or "repeats"), where)
-
-
-def _get(v: Any, key: str) -> Any:
-    return v.get(key) if isinstance(v, Mapping) else getattr(v, key, None)
+    return Figure(7, _ci(v["measured"], ci[0], ci[1], v.get("n"), v.get("unit") or "repeats"), where)
 
 
 KINDS: tuple[Kind, ...] = (
@@ -164,10 +160,11 @@ def _item(f: Figure, here: int | None) -> str:
     return f"<li>{who}: <b>{html.escape(f.value)}</b>, {html.escape(f.conditions)}.</li>"
 
 
-def block(out: Path, chapter: int | None = None) -> str:
-    """HTML: for ``chapter``, the kinds it shares with others (its own figure first); for None, every kind."""
+def block(out: Path, chapter: int | None = None, found: list[tuple[Kind, list[Figure]]] | None = None) -> str:
+    """HTML: for ``chapter``, the kinds it shares with others (its own figure first); for None, every kind.
+    ``found``: ``figures(out)`` when the caller renders several pages and has read them once already."""
     parts = []
-    for kind, figs in figures(out):
+    for kind, figs in figures(out) if found is None else found:
         if chapter is not None and chapter not in {f.chapter for f in figs}:
             continue
         figs = sorted(figs, key=lambda f: f.chapter != chapter) if chapter is not None else figs
