@@ -147,6 +147,20 @@ class Verdict:
     direction: str = "check"
     role: str = "decision"
     unit: str | None = None
+    # A row that cannot fail (an arm whose weights and arithmetic equal the reference's, AR against AR,
+    # a hit ratio against an optimum the pool cannot miss) is shown, marked, and never decides.
+    by_construction: bool = False
+    # The CI's confidence level: 0.95, or 1 - 0.05/k when k configurations were tried for one decision
+    # (Bonferroni, the conservative end of Holm's procedure); ``tried`` is that k.
+    confidence: float = 0.95
+    tried: int | None = None
+    # The commit where the row's declaration (notebooks/params/decisions.yaml) last changed, and
+    # whether the result came before it (then it is exploratory and cannot read "holds").
+    registered_in: str | None = None
+    exploratory: bool = False
+    # Quality rows judged against a task: the reference's score, chance on the task, the minimum
+    # detectable change at the CI's width (``studylib.claims.power_fields``).
+    power: dict | None = None
 
     def __post_init__(self) -> None:
         if self.id not in CLAIMS:
@@ -182,7 +196,11 @@ class Verdict:
                    ci=tuple(ci) if ci is not None else None, claimed=d.get("claimed", ""),
                    verdict=d["verdict"], conditions=d.get("conditions", ""), chapter=int(d["chapter"]),
                    n=d.get("n"), threshold=d.get("threshold"), direction=d.get("direction", "check"),
-                   role=d.get("role", "decision"), unit=d.get("unit"))
+                   role=d.get("role", "decision"), unit=d.get("unit"),
+                   by_construction=bool(d.get("by_construction", False)),
+                   confidence=float(d.get("confidence", 0.95)), tried=d.get("tried"),
+                   registered_in=d.get("registered_in"), exploratory=bool(d.get("exploratory", False)),
+                   power=d.get("power"))
 
 
 # ----------------------------------------------------------------------------------------- the rules
@@ -268,8 +286,17 @@ def min_units(unit: str) -> int:
         raise ValueError(f"unknown unit {unit!r}; one of {sorted(MIN_UNITS)}") from None
 
 
+def corrected_confidence(k: int, alpha: float = 0.05) -> float:
+    """The confidence each CI needs when ``k`` configurations are tried for one decision and any one
+    clearing the bar would do: 1 - alpha/k (Bonferroni, the first and strictest step of Holm's
+    procedure, so the family-wise error stays <= alpha whichever configuration wins)."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    return 1.0 - alpha / k
+
+
 def _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, chapter, direction, unit,
-                 role) -> Verdict:
+                 role, by_construction=False, confidence=0.95, tried=None, power=None) -> Verdict:
     word = ">=" if direction == AT_LEAST else "<="
     need = min_units(unit)
     single = not (isinstance(estimate, Mapping) and "value" not in estimate)
@@ -303,8 +330,16 @@ def _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, cha
         under = [k for k in points if states[k] == UNDERSAMPLED]
         if under:
             notes.append(f"fewer than {need} {unit} or no CI on {', '.join(under)}")
+    if power is not None and not power.get("has_power", True) and verdict != FAILS:
+        # The CI is too wide to see the change the bar is about: no verdict either way but "no power".
+        verdict = INCONCLUSIVE
+        notes.append(f"inconclusive: no power (minimum detectable change {_fmt(power['mdc'])} > "
+                     f"{_fmt(abs(1 - threshold))}; about {power.get('n_needed')} {unit} would decide it)")
+    if confidence != 0.95:
+        notes.append(f"{confidence:.2%} CI: {tried or '?'} configurations tried, Bonferroni-corrected")
     return Verdict(claim_id, "", metric, p.value, p.ci, claimed, verdict, _join(conditions, *notes), chapter,
-                   n=p.n, threshold=threshold, direction=direction, role=role, unit=unit)
+                   n=p.n, threshold=threshold, direction=direction, role=role, unit=unit,
+                   by_construction=by_construction, confidence=confidence, tried=tried, power=power)
 
 
 def _state_note(state: str, p: Point, word: str, threshold: float, need: int, unit: str) -> str:
@@ -317,30 +352,43 @@ def _state_note(state: str, p: Point, word: str, threshold: float, need: int, un
 
 
 def judge_at_least(claim_id: str, metric: str, estimate: Any, threshold: float, claimed: str,
-                   conditions: str, chapter: int, unit: str = "prompts", role: str = "decision") -> Verdict:
+                   conditions: str, chapter: int, unit: str = "prompts", role: str = "decision", *,
+                   by_construction: bool = False, confidence: float = 0.95, tried: int | None = None,
+                   power: dict | None = None) -> Verdict:
     """The claim needs the metric >= ``threshold``. ``estimate`` is one estimate or a mapping of named
     conditions (workloads, configurations) to estimates; each needs a CI from at least
-    ``MIN_UNITS[unit]`` independent units, or it cannot clear the bar."""
+    ``MIN_UNITS[unit]`` independent units, or it cannot clear the bar.
+
+    ``confidence`` is the level the CI was computed at (``corrected_confidence(tried)`` when several
+    configurations compete for one decision). ``power`` (a quality row against a task: reference_score,
+    chance, mdc, has_power, n_needed) turns a row whose CI cannot see the bar's change into
+    "inconclusive: no power". ``by_construction`` marks a row that cannot fail: it is shown, never counted."""
     return _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, chapter, AT_LEAST, unit,
-                        role)
+                        role, by_construction, confidence, tried, power)
 
 
 def judge_at_most(claim_id: str, metric: str, estimate: Any, threshold: float, claimed: str,
-                  conditions: str, chapter: int, unit: str = "prompts", role: str = "decision") -> Verdict:
+                  conditions: str, chapter: int, unit: str = "prompts", role: str = "decision", *,
+                  by_construction: bool = False, confidence: float = 0.95, tried: int | None = None,
+                  power: dict | None = None) -> Verdict:
     """Mirror of ``judge_at_least``: the claim needs the metric <= ``threshold``."""
     return _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, chapter, AT_MOST, unit,
-                        role)
+                        role, by_construction, confidence, tried, power)
 
 
 def judge_checks(claim_id: str, metric: str, checks: Mapping[str, bool], claimed: str, conditions: str,
                  chapter: int, measured: Any = None, role: str = "decision", n: int | None = None,
-                 unit: str | None = None) -> Verdict:
+                 unit: str | None = None, *, by_construction: bool = False, exact: bool = True) -> Verdict:
     """All-or-nothing: holds if every named check passes, otherwise does not hold (exactness, the
     distribution test, "outputs identical": a method exact on some workloads only is not exact).
 
-    ``measured`` (optional) is the number shown in the table; by default "k/N checks". ``unit`` (with
-    ``n``): the checks compare CIs over ``n`` units of that kind; below ``MIN_UNITS[unit]`` they decide
-    nothing either way, and the row is inconclusive."""
+    One counterexample decides "does not hold" at any n. Passing checks decide "holds" only from
+    enough units: with ``unit`` set, ``n`` (default: the number of checks, one per unit) must reach
+    ``MIN_UNITS[unit]`` or the row is inconclusive. ``unit=None`` is for a structural check that is
+    not a sample of anything (one formula against one measurement table). ``exact=False`` is for checks
+    that compare CIs (C8's interactions): there a failure is no counterexample, so below the minimum n
+    the row is inconclusive whichever way it went. ``measured`` (optional) is the number shown in the
+    table; by default "k/N checks"."""
     if not checks:
         raise ValueError("judge_checks needs at least one check")
     passed = [k for k, v in checks.items() if bool(v)]
@@ -350,12 +398,16 @@ def judge_checks(claim_id: str, metric: str, checks: Mapping[str, bool], claimed
     note = _join(f"fails: {', '.join(failed)}" if failed else "",
                  f"passes: {', '.join(passed)}" if passed else "")
     row_n = p.n if p and p.ci is not None else None
-    if unit is not None and (n is None or n < min_units(unit)):
-        verdict, row_n = INCONCLUSIVE, n
-        note = _join(note, f"n={n} < {min_units(unit)} {unit}: too few units to decide")
+    if unit is not None:
+        n = len(checks) if n is None else int(n)
+        row_n = n
+        if (verdict == HOLDS or not exact) and n < min_units(unit):
+            verdict = INCONCLUSIVE
+            note = _join(note, f"n={n} < {min_units(unit)} {unit}: too few units to decide")
     return Verdict(claim_id, "", metric, p.value if p else f"{len(passed)}/{len(checks)} checks",
                    p.ci if p else None, claimed, verdict, _join(conditions, note), chapter,
-                   n=row_n, threshold=None, direction=CHECK, role=role, unit=unit if verdict == INCONCLUSIVE else None)
+                   n=row_n, threshold=None, direction=CHECK, role=role, unit=unit,
+                   by_construction=by_construction)
 
 
 _ORDER = {HOLDS: 3, CONDITIONAL: 2, INCONCLUSIVE: 1, FAILS: 0}
@@ -370,16 +422,28 @@ def decide_parts(claim_id: str, metric: str, parts: Sequence[Verdict], claimed: 
     if not parts:
         raise ValueError("decide_parts needs at least one part")
     parts = [dataclasses.replace(p, role=PART) for p in parts]
-    weakest = min(parts, key=lambda p: _ORDER[p.verdict])
+    counted = [p for p in parts if not p.by_construction]
+    shown = _by_construction_note(parts)
+    if not counted:
+        row = Verdict(claim_id, "", metric, "0 parts that can fail", None, claimed, INCONCLUSIVE,
+                      _join(conditions, "every part holds by construction, so nothing was tested", shown),
+                      chapter, direction=CHECK, role=DECISION, by_construction=True)
+        return [row, *parts]
+    weakest = min(counted, key=lambda p: _ORDER[p.verdict])
     verdict = weakest.verdict
     if verdict == HOLDS:
         note = "every part holds"
     else:
-        short = [f"{p.metric}: {p.verdict}" for p in parts if p.verdict != HOLDS]
+        short = [f"{p.metric}: {p.verdict}" for p in counted if p.verdict != HOLDS]
         note = f"decided by the weakest part ({'; '.join(short)})"
-    row = Verdict(claim_id, "", metric, f"{sum(p.verdict == HOLDS for p in parts)}/{len(parts)} parts hold",
-                  None, claimed, verdict, _join(conditions, note), chapter, direction=CHECK, role=DECISION)
+    row = Verdict(claim_id, "", metric, f"{sum(p.verdict == HOLDS for p in counted)}/{len(counted)} parts hold",
+                  None, claimed, verdict, _join(conditions, note, shown), chapter, direction=CHECK, role=DECISION)
     return [row, *parts]
+
+
+def _by_construction_note(rows: Sequence[Verdict]) -> str:
+    names = [r.metric for r in rows if r.by_construction]
+    return f"not counted, true by construction: {', '.join(names)}" if names else ""
 
 
 def decide_conditions(claim_id: str, metric: str, rows: Sequence[Verdict], claimed: str, conditions: str,
@@ -392,6 +456,15 @@ def decide_conditions(claim_id: str, metric: str, rows: Sequence[Verdict], claim
         raise ValueError("decide_conditions needs at least one row")
     names = list(names) if names is not None else [r.metric for r in rows]
     rows = [dataclasses.replace(r, role=PART) for r in rows]
+    shown = _by_construction_note(rows)
+    named = [(nm, r) for nm, r in zip(names, rows, strict=True) if not r.by_construction]
+    if not named:
+        row = Verdict(claim_id, "", metric, "0 conditions that can fail", None, claimed, INCONCLUSIVE,
+                      _join(conditions, "every condition holds by construction, so nothing was tested", shown),
+                      chapter, direction=CHECK, role=DECISION, by_construction=True)
+        return [row, *rows]
+    all_rows = rows
+    names, rows = [nm for nm, _ in named], [r for _, r in named]
     states = []
     for r in rows:
         states.append(CLEARS if r.verdict == HOLDS else MISSES if r.verdict == FAILS else STRADDLES)
@@ -403,10 +476,10 @@ def decide_conditions(claim_id: str, metric: str, rows: Sequence[Verdict], claim
     not_held = [f"{nm} ({r.verdict})" for nm, r in zip(names, rows, strict=True)
                 if r.verdict not in (HOLDS, CONDITIONAL)]
     note = _join(f"holds for: {', '.join(held)}" if held else "",
-                 f"not for: {', '.join(not_held)}" if not_held else "")
+                 f"not for: {', '.join(not_held)}" if not_held else "", shown)
     row = Verdict(claim_id, "", metric, f"{len(held)}/{len(rows)} hold", None, claimed, verdict,
                   _join(conditions, note), chapter, direction=CHECK, role=DECISION)
-    return [row, *rows]
+    return [row, *all_rows]
 
 
 def study_decisions(verdicts: Sequence[Verdict]) -> list[Verdict]:
@@ -531,7 +604,9 @@ def load_chapter(path: str | Path) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError) as exc:
         raise StudylibError(f"cannot read {path} ({exc}); rerun that chapter with `studylib reproduce`.") from None
     data["verdicts"] = [Verdict.from_dict(v) for v in data.get("verdicts", [])]
-    return data
+    from studylib.decisions import apply_registration  # here: decisions imports this module
+
+    return apply_registration(data)
 
 
 def load_verdicts(profile_dir: str | Path) -> list[Verdict]:

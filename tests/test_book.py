@@ -36,11 +36,12 @@ def _notebook(title: str, extra_md: str = "") -> nbformat.NotebookNode:
 def _study(tmp_path):
     lat = judge_at_least("C7", "latency reduction", (3.0, 2.5, 3.5, 10), 10.0, ">10x", "cpu", 2, unit="requests")
     q = judge_at_least("C7", "quality retained", (0.9996, 0.9991, 1.0, 10), 0.99, ">99%", "cpu", 2, unit="prompts")
-    save_chapter(2, "Combined", decide_parts("C7", "all at once", [q, lat], "", "cpu", 2), {}, tmp_path,
+    save_chapter(2, "Combined", decide_parts("C7", "all at once", [q, lat], "", "cpu", 2), {}, tmp_path, declarations=None,
                  params={"model": "tiny", "dtype": "float32", "device": "cpu", "profile": "cpu"}, display=False)
     save_chapter(1, "Baseline", [judge_at_most("C1", "step time ratio", (1.2, 1.1, 1.3, 12), 2.0, "<=2", "cpu", 1,
                                                unit="prompts")],
-                 {}, tmp_path, params={"model": "tiny", "device": "cpu", "profile": "cpu"}, display=False)
+                 {}, tmp_path, params={"model": "tiny", "device": "cpu", "profile": "cpu"}, display=False,
+                 declarations=None)
     nbformat.write(_notebook("Chapter 1: the baseline", "原文"), str(tmp_path / "ch01.ipynb"))
     nbformat.write(_notebook("Chapter 2: combined"), str(tmp_path / "ch02.ipynb"))
     index = {"profile": "cpu", "chapters": {"1": {"status": "ok", "seconds": 75.0}, "2": {"status": "ok", "seconds": 12.0}}}
@@ -105,7 +106,11 @@ def test_navigation_links_neighbours_and_contents(tmp_path):
     assert book.index("id='ch01'") < book.index("id='ch02'") and "<nav class='book" not in book
 
 
-def test_front_page_written_from_verdicts(tmp_path):
+def test_front_page_written_from_verdicts(tmp_path, monkeypatch):
+    from studylib import decisions
+
+    # synthetic records have no registered declaration; the page's layout is what is tested here
+    monkeypatch.setattr(decisions, "apply_registration", lambda data, path=None: data)
     out = _study(tmp_path)
     page = (out / "index.html").read_text(encoding="utf-8")
     order = ["What the source document says", "What was run", "The bottom line", "The claims, one line each",

@@ -1,6 +1,7 @@
 """The verdict rules on synthetic measurements: all four verdicts, the all-or-nothing checks, claims with
 several parts, the minimum number of units behind a CI, and the study-level line per claim."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -18,6 +19,7 @@ from studylib.claims import (
     PART,
     Verdict,
     check_one_decision,
+    corrected_confidence,
     decide_conditions,
     decide_parts,
     format_measured,
@@ -209,7 +211,51 @@ def test_checks_that_compare_cis_need_their_units():
     assert judge_checks("C8", "x", {"x": False}, "", "", 7, n=10, unit="requests").verdict == FAILS
     few = judge_checks("C8", "x", {"x": True}, "", "", 7, n=3, unit="requests")
     assert few.verdict == INCONCLUSIVE and few.n == 3 and "3 < 10 requests" in few.conditions
-    assert judge_checks("C8", "x", {"x": False}, "", "", 7, n=None, unit="repeats").verdict == INCONCLUSIVE
+    assert judge_checks("C8", "x", {"x": False}, "", "", 7, n=3, unit="repeats", exact=False).verdict == INCONCLUSIVE
+
+
+def test_one_counterexample_decides_at_any_n_and_passing_checks_need_their_n():
+    # an exactness check with one failing prompt out of 3 is a counterexample: does not hold
+    assert judge_checks("C3", "x", {"p0": True, "p1": False, "p2": True}, "", "", 2,
+                        unit="prompts").verdict == FAILS
+    # three passing prompts are too few to say "holds"; ten are enough (n defaults to one per check)
+    few = judge_checks("C3", "x", {f"p{i}": True for i in range(3)}, "", "", 2, unit="prompts")
+    assert few.verdict == INCONCLUSIVE and few.n == 3
+    assert judge_checks("C3", "x", {f"p{i}": True for i in range(10)}, "", "", 2, unit="prompts").verdict == HOLDS
+    # a structural check (no unit) is not a sample
+    assert judge_checks("C2", "x", {"formula": True}, "", "", 1).verdict == HOLDS
+
+
+def test_rows_by_construction_never_decide():
+    real = judge_at_least("C9", "speed", (2.5, 2.2, 2.8, 10), 2.0, "", "", 8)
+    free = judge_checks("C9", "identical", {f"p{i}": True for i in range(10)}, "", "", 8, unit="prompts",
+                        by_construction=True)
+    worse = judge_at_least("C9", "quality", (0.9, 0.85, 0.95, 10), 0.99, "", "", 8)
+    # the free row would lift the decision; it is shown and not counted
+    d = decide_parts("C9", "both", [real, free, worse], "", "", 8)
+    assert d[0].verdict == FAILS and "by construction" in d[0].conditions and len(d) == 4
+    only_free = decide_parts("C9", "both", [free], "", "", 8)
+    assert only_free[0].verdict == INCONCLUSIVE and only_free[0].by_construction
+    c = decide_conditions("C9", "any", [decide_parts("C9", "a", [real, free], "", "", 8)[0],
+                                          dataclasses.replace(free, metric="b")], "", "", 8)
+    assert c[0].verdict == HOLDS and "1/1 hold" == c[0].measured
+
+
+def test_corrected_confidence_and_no_power():
+    assert corrected_confidence(1) == 0.95 and abs(corrected_confidence(3) - (1 - 0.05 / 3)) < 1e-12
+    v = judge_at_least("C6", "task ratio", (1.0, 0.985, 1.02, 12), 0.99, "", "", 6,
+                       unit="documents", power={"mdc": 0.0175, "has_power": False, "n_needed": 37})
+    assert v.verdict == INCONCLUSIVE and "no power" in v.conditions and "37" in v.conditions
+    # a CI wholly below the bar decides "does not hold" even without the power to see 1%
+    w = judge_at_least("C6", "task ratio", (0.8, 0.7, 0.9, 12), 0.99, "", "", 6,
+                       unit="documents", power={"mdc": 0.1, "has_power": False, "n_needed": 900})
+    assert w.verdict == FAILS
+    # the level shows in the note and survives the JSON round trip
+    k = judge_at_least("C6", "s", (1.5, 1.2, 1.8, 10), 1.0, "", "", 6, confidence=corrected_confidence(3),
+                       tried=3)
+    assert "3 configurations" in k.conditions
+    back = Verdict.from_dict(k.to_dict())
+    assert back.confidence == k.confidence and back.tried == 3
 
 
 def test_rotated_is_the_interleaving_order():

@@ -17,7 +17,7 @@ from studylib.workbook import save_chapter
 if fail:
     raise ValueError("boom from chapter {n}")
 v = claims.judge_at_least("C1", "R^2", (r2, r2 - 5e-4, r2 + 5e-4, 10), 0.99, ">= 0.99", f"model={{model}}", {n})
-save_chapter(chapter={n}, title="Toy chapter {n}", verdicts=[v], measurements={{"r2": r2, "model": model}},
+save_chapter(chapter={n}, title="Toy chapter {n}", verdicts=[v], measurements={{"r2": r2, "model": model}}, declarations=None,
              out_dir=out_dir, params={{"model": model}})
 """
 
@@ -63,7 +63,8 @@ def test_run_writes_reports_index_and_injects_parameters(book):
     assert "verdict-table" in html and "does not hold" not in html
     assert (out / "ch01.ipynb").exists()
     index = (out / "index.html").read_text()
-    assert "C1: holds" in index and "ch01.html" in index and "Toy 1" in index
+    # the toy chapter saves without a declaration, so its "holds" loads as exploratory (capped)
+    assert "C1: inconclusive" in index and "ch01.html" in index and "Toy 1" in index
     assert json.loads((out / "index.json").read_text())["chapters"]["1"]["params"]["model"] == "cli-model"
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no staging or temp debris
 
@@ -157,13 +158,13 @@ def test_save_chapter_and_provenance_outside_a_notebook(tmp_path, capsys):
 
     v = judge_at_least("C2", "fraction", Estimate(0.7, 0.6, 0.8, 3, [0.6, 0.7, 0.8]), 0.5, ">=0.5", "", 1)
     path = save_chapter(1, "t", [v], {"e": Estimate(1.0, 1.0, 1.0, 1, [1.0]), "a": np.arange(3),
-                                      "x": np.float32(2.5), "nan": float("nan")}, tmp_path)
+                                      "x": np.float32(2.5), "nan": float("nan")}, tmp_path, declarations=None)
     data = json.loads(path.read_text())
     assert data["measurements"] == {"e": {"value": 1.0, "ci_low": 1.0, "ci_high": 1.0, "n": 1, "samples": [1.0]},
                                     "a": [0, 1, 2], "x": 2.5, "nan": None}
     assert "C2" in capsys.readouterr().out
     with pytest.raises(ValueError, match="chapter"):
-        save_chapter(2, "t", [v], {}, tmp_path, display=False)
+        save_chapter(2, "t", [v], {}, tmp_path, display=False, declarations=None)
     show_provenance(model="m", device="cpu")
     out = capsys.readouterr().out
     assert "parameters: model=m, device=cpu" in out and "git commit" in out
@@ -175,12 +176,15 @@ def test_claims_cli_reads_the_reports(tmp_path, capsys):
     from studylib.cli import main
 
     r2 = (0.999, 0.998, 0.9995, 10)  # value, CI, n prompts
-    save_chapter(1, "t", [judge_at_least("C1", "R^2", r2, 0.99, ">=0.99", "", 1)], {}, tmp_path, display=False)
+    save_chapter(1, "t", [judge_at_least("C1", "R^2", r2, 0.99, ">=0.99", "", 1)], {}, tmp_path, display=False, declarations=None)
     assert main(["claims", "--dir", str(tmp_path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert rows[0]["id"] == "C1" and rows[0]["verdict"] == "holds" and rows[0]["chapter"] == 1
+    # saved without a declaration: the decision is exploratory and cannot read "holds"
+    assert rows[0]["id"] == "C1" and rows[0]["verdict"] == "inconclusive" and rows[0]["chapter"] == 1
+    assert rows[0]["exploratory"] and "it read 'holds'" in rows[0]["conditions"]
     assert set(rows[0]) == {"id", "claim", "metric", "measured", "ci", "claimed", "verdict", "conditions", "chapter",
-                            "n", "threshold", "direction", "role", "unit"}
+                            "n", "threshold", "direction", "role", "unit", "by_construction", "confidence", "tried",
+                            "registered_in", "exploratory", "power"}
     assert rows[0]["n"] == 10 and rows[0]["threshold"] == 0.99 and rows[0]["direction"] == "at_least"
     assert main(["claims", "--dir", str(tmp_path / "nothing")]) == 2  # no chNN.json there: one-line error
 
@@ -207,16 +211,20 @@ def test_kernel_choice_prefers_a_studylib_kernel_of_this_interpreter(monkeypatch
     assert kernel_for_this_python() == "python3"
 
 
-def test_index_leads_with_one_line_per_claim_and_lists_every_verdict(tmp_path):
+def test_index_leads_with_one_line_per_claim_and_lists_every_verdict(tmp_path, monkeypatch):
+    from studylib import decisions
     from studylib.claims import decide_parts, judge_at_least
+
+    # synthetic records have no registered declaration; the page's layout is what is tested here
+    monkeypatch.setattr(decisions, "apply_registration", lambda data, path=None: data)
     from studylib.workbook.render import write_index
 
     lat = judge_at_least("C7", "latency reduction", (3.0, 2.5, 3.5, 10), 10.0, ">10x", "cpu", 7)
     q = judge_at_least("C7", "quality", (1.0, 1.0, 1.0, 10), 0.99, ">99%", "cpu", 7)
-    save_chapter(7, "Combined", decide_parts("C7", "all at once", [q, lat], "", "cpu", 7), {}, tmp_path,
+    save_chapter(7, "Combined", decide_parts("C7", "all at once", [q, lat], "", "cpu", 7), {}, tmp_path, declarations=None,
                  display=False)
     save_chapter(1, "Baseline", [judge_at_least("C1", "R^2", (0.999, 0.998, 0.9995, 10), 0.99, ">=0.99", "cpu", 1)],
-                 {}, tmp_path, display=False)
+                 {}, tmp_path, display=False, declarations=None)
     index = {"profile": "cpu", "updated": "now", "chapters": {"1": {"status": "ok", "seconds": 12.0}}}
     page = write_index(tmp_path, index, {}).read_text()
     assert page.index("The claims, one line each") < page.index("Chapters") < page.index("Every verdict")

@@ -67,15 +67,18 @@ def unit_means(samples: Sequence[float], units: Sequence | None) -> np.ndarray:
     return sums / counts
 
 
-def estimate(samples: Sequence[float], statistic: Callable = np.median, units: Sequence | None = None) -> Estimate:
-    """``statistic`` of the samples with a 95% bootstrap CI; ``n`` counts units (see the module doc)."""
+def estimate(samples: Sequence[float], statistic: Callable = np.median, units: Sequence | None = None,
+             confidence: float = 0.95) -> Estimate:
+    """``statistic`` of the samples with a bootstrap CI at ``confidence`` (95% unless a multiplicity
+    correction asks for more, ``studylib.claims.corrected_confidence``); ``n`` counts units (see the
+    module doc)."""
     data = [float(x) for x in unit_means(samples, units)]
-    lo, hi = bootstrap_ci(data, statistic)
+    lo, hi = bootstrap_ci(data, statistic, confidence=confidence)
     return Estimate(float(statistic(np.asarray(data))) if data else float("nan"), lo, hi, len(data), data)
 
 
 def ratio_estimate(baseline: Sequence[float], treated: Sequence[float], seed: int = 0,
-                   units: Sequence | None = None) -> Estimate:
+                   units: Sequence | None = None, confidence: float = 0.95) -> Estimate:
     """Speedup = baseline / treated for paired measurements (same prompt, same run).
 
     The CI resamples the pairs and takes the ratio of medians, so prompts of different difficulty
@@ -91,7 +94,8 @@ def ratio_estimate(baseline: Sequence[float], treated: Sequence[float], seed: in
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, b.size, size=(2000, b.size))
     boots = np.median(b[idx], axis=1) / np.median(t[idx], axis=1)
-    lo, hi = np.percentile(boots, [2.5, 97.5])
+    tail = 100 * (1 - confidence) / 2
+    lo, hi = np.percentile(boots, [tail, 100 - tail])
     return Estimate(point, float(lo), float(hi), int(b.size), (b / t).tolist())
 
 

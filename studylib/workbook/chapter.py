@@ -54,10 +54,20 @@ def to_jsonable(obj: Any) -> Any:
     return str(obj)
 
 
+_DECLARED = object()
+
+
 def save_chapter(chapter: int, title: str, verdicts: Sequence[Verdict], measurements: Mapping[str, Any],
-                 out_dir: str | Path, params: Mapping[str, Any] | None = None, display: bool = True) -> Path:
+                 out_dir: str | Path, params: Mapping[str, Any] | None = None, display: bool = True,
+                 declarations: Any = _DECLARED) -> Path:
     """Write ``<out_dir>/chNN.json`` (verdicts, measurements, params, provenance) atomically and show
-    the verdict table. Returns the path written."""
+    the verdict table. Returns the path written.
+
+    Every row is checked against its declaration (``studylib.decisions.stamp``: the repository's
+    ``notebooks/params/decisions.yaml`` unless ``declarations`` names another file) and records the
+    commit that registered it. ``declarations=None`` skips the check for synthetic records; such a
+    record says ``"declared": false`` and its decisions load as exploratory."""
+    from studylib import decisions
     from studylib.bench import provenance
 
     verdicts = list(verdicts)
@@ -67,9 +77,13 @@ def save_chapter(chapter: int, title: str, verdicts: Sequence[Verdict], measurem
         if v.chapter != chapter:
             raise ValueError(f"verdict {v.id} says chapter {v.chapter} but is being saved in chapter {chapter}")
     check_one_decision(verdicts)
+    declared = declarations is not None
+    if declared:
+        verdicts = decisions.stamp(verdicts, chapter, None if declarations is _DECLARED else declarations)
     record = {
         "chapter": int(chapter),
         "title": title,
+        "declared": declared,
         "written": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "verdicts": [v.to_dict() for v in verdicts],
         "measurements": to_jsonable(measurements),

@@ -1,0 +1,306 @@
+"""Decisions declared before the run: what decides each claim in each chapter, and when that was fixed.
+
+``notebooks/params/decisions.yaml`` holds one declaration per claim and chapter (key ``C6@6``): the
+decisive configuration(s), every row that may take part (a regular expression on the row's metric),
+its bar, direction, unit and minimum n, which rows hold by construction, and for "holds under
+conditions" the full list of conditions. A chapter cannot save a row that its declaration does not
+name, nor a bar, direction, unit or n other than the declared ones (``stamp``).
+
+Pre-registration is read from git: a declaration is registered in the last commit that changed its
+entry (``registered_in``). A result is *confirmatory* only if that commit is the result's own commit
+or an ancestor of it: the declaration existed, unchanged, when the code that produced the result was
+committed. Otherwise (the declaration changed after the result, the result came from a dirty tree, or
+the result predates declarations) the decision is **exploratory** and cannot read "holds" or "holds
+under conditions" (``apply_registration``, called whenever chapter JSON is loaded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from studylib.claims import (
+    CLAIMS,
+    CONDITIONAL,
+    DECISION,
+    DIRECTIONS,
+    HOLDS,
+    INCONCLUSIVE,
+    MIN_UNITS,
+    Verdict,
+)
+from studylib.errors import StudylibError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DECLARATIONS = REPO_ROOT / "notebooks" / "params" / "decisions.yaml"
+UNCOMMITTED = "uncommitted"
+
+
+@dataclass(frozen=True)
+class DeclaredRow:
+    """One row a chapter may produce for a claim: matched by ``match`` (a regular expression searched in
+    the row's metric). ``bar``/``direction``/``unit``/``min_n`` must equal the row's own when given."""
+
+    match: str
+    bar: float | None = None
+    direction: str | None = None
+    unit: str | None = None
+    min_n: int | None = None
+    by_construction: bool = False
+
+    def matches(self, v: Verdict) -> bool:
+        return re.search(self.match, v.metric) is not None
+
+
+@dataclass(frozen=True)
+class Declaration:
+    key: str
+    claim: str
+    chapter: int
+    decides: str
+    rule: str  # "parts" (all must hold) or "conditions" (alternatives: any may hold)
+    rows: tuple[DeclaredRow, ...]
+    configurations: tuple[str, ...] = ()
+    conditions: tuple[str, ...] = ()
+    notes: str = ""
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def tried(self) -> int:
+        """How many configurations compete for this decision (the multiplicity correction's k)."""
+        return max(1, len(self.configurations))
+
+    def row(self, metric_match: str) -> DeclaredRow:
+        """The declared row whose pattern is ``metric_match`` (chapters read their bars from here)."""
+        for r in self.rows:
+            if r.match == metric_match:
+                return r
+        raise StudylibError(f"{self.key} declares no row {metric_match!r}; add it to {DECLARATIONS.name} first.")
+
+
+def _declaration(key: str, d: Mapping[str, Any], path: Path) -> Declaration:
+    problems = []
+    claim, _, chapter = key.partition("@")
+    if claim not in CLAIMS or not chapter.isdigit():
+        problems.append(f"key {key!r} is not CLAIM@CHAPTER with a known claim (e.g. C6@6)")
+    rule = d.get("rule", "parts")
+    if rule not in ("parts", "conditions"):
+        problems.append(f"{key}: rule must be 'parts' or 'conditions', not {rule!r}")
+    rows = []
+    for i, r in enumerate(d.get("rows") or []):
+        unknown = set(r) - {f.name for f in dataclasses.fields(DeclaredRow)}
+        if unknown:
+            problems.append(f"{key}: row {i} has unknown keys {sorted(unknown)}")
+            continue
+        if r.get("direction") is not None and r["direction"] not in DIRECTIONS:
+            problems.append(f"{key}: row {i} direction must be one of {DIRECTIONS}")
+        if r.get("unit") is not None and r["unit"] not in MIN_UNITS:
+            problems.append(f"{key}: row {i} unit must be one of {sorted(MIN_UNITS)}")
+        if r.get("unit") is not None and int(r.get("min_n") or 0) < MIN_UNITS.get(r["unit"], 0):
+            problems.append(f"{key}: row {i} min_n must be at least {MIN_UNITS.get(r['unit'])} {r['unit']}")
+        try:
+            re.compile(r["match"])
+        except (KeyError, re.error) as exc:
+            problems.append(f"{key}: row {i} needs a valid 'match' regular expression ({exc})")
+            continue
+        rows.append(DeclaredRow(**r))
+    if not rows:
+        problems.append(f"{key}: declares no rows")
+    if problems:
+        raise StudylibError(f"{path}: " + "; ".join(problems))
+    return Declaration(key=key, claim=claim, chapter=int(chapter), decides=str(d.get("decides", "")), rule=rule,
+                       rows=tuple(rows), configurations=tuple(str(c) for c in d.get("configurations") or ()),
+                       conditions=tuple(str(c) for c in d.get("conditions") or ()), notes=str(d.get("notes", "")),
+                       raw=dict(d))
+
+
+def parse(text: str, path: Path = DECLARATIONS) -> dict[str, Declaration]:
+    data = yaml.safe_load(text) or {}
+    if not isinstance(data, Mapping):
+        raise StudylibError(f"{path}: expected a mapping of CLAIM@CHAPTER to declarations.")
+    out, problems = {}, []
+    for k, v in data.items():
+        try:
+            out[str(k)] = _declaration(str(k), v or {}, path)
+        except StudylibError as exc:
+            problems.append(str(exc).removeprefix(f"{path}: "))
+    if problems:
+        raise StudylibError(f"{path}: " + "; ".join(problems))
+    return out
+
+
+def load(path: str | Path | None = None) -> dict[str, Declaration]:
+    path = Path(path) if path else DECLARATIONS
+    try:
+        return parse(path.read_text(encoding="utf-8"), path)
+    except OSError as exc:
+        raise StudylibError(f"cannot read the declarations {path} ({exc}).") from None
+
+
+def declared(claim: str, chapter: int, path: str | Path | None = None) -> Declaration:
+    key = f"{claim}@{int(chapter)}"
+    decls = load(path)
+    if key not in decls:
+        raise StudylibError(f"{key} is not declared; add it to {DECLARATIONS.name} (and commit) before the run.")
+    return decls[key]
+
+
+# ------------------------------------------------------------------------------ checking a chapter's rows
+
+def stamp(verdicts: Sequence[Verdict], chapter: int, path: str | Path | None = None) -> list[Verdict]:
+    """Check every row against its declaration and record ``registered_in`` on every row.
+
+    Raises ``StudylibError`` naming each row that no declaration names, or whose bar, direction, unit or
+    n differs from the declared one, or that holds by construction without being declared so (or the
+    other way round): a result may only be judged the way it was declared."""
+    decls = load(path)
+    problems, out = [], []
+    commits = registrations(path)
+    for v in verdicts:
+        key = f"{v.id}@{int(chapter)}"
+        d = decls.get(key)
+        if d is None:
+            problems.append(f"{key} is not declared")
+            out.append(v)
+            continue
+        if v.role == DECISION and v.direction == "check" and v.threshold is None and v.unit is None:
+            # a decision combined from its parts (decide_parts / decide_conditions): the parts are checked
+            out.append(dataclasses.replace(v, registered_in=commits.get(key, UNCOMMITTED)))
+            continue
+        hits = [r for r in d.rows if r.matches(v)]
+        if not hits:
+            problems.append(f"{key}: row {v.metric!r} matches no declared row")
+        else:
+            r = hits[0]
+            if r.bar is not None and (v.threshold is None or abs(v.threshold - r.bar) > 1e-12):
+                problems.append(f"{key}: row {v.metric!r} judged at bar {v.threshold}, declared {r.bar}")
+            if r.direction is not None and v.direction != r.direction:
+                problems.append(f"{key}: row {v.metric!r} direction {v.direction}, declared {r.direction}")
+            if r.unit is not None and v.unit not in (None, r.unit) and v.n is not None:
+                problems.append(f"{key}: row {v.metric!r} counts {v.unit}, declared {r.unit}")
+            if r.by_construction != v.by_construction:
+                problems.append(f"{key}: row {v.metric!r} by_construction={v.by_construction}, declared "
+                                f"{r.by_construction}")
+            if v.tried is not None and v.tried != d.tried:
+                problems.append(f"{key}: row {v.metric!r} corrected for {v.tried} configurations, declared "
+                                f"{d.tried}")
+        out.append(dataclasses.replace(v, registered_in=commits.get(key, UNCOMMITTED)))
+    if problems:
+        raise StudylibError("rows not judged as declared in " + str(Path(path or DECLARATIONS).name) + ": "
+                            + "; ".join(problems))
+    return out
+
+
+# ------------------------------------------------------------------------------ registration from git
+
+def _git(*args: str, cwd: Path = REPO_ROOT) -> tuple[int, str]:
+    try:
+        p = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=20)
+        return p.returncode, p.stdout
+    except Exception:
+        return 1, ""
+
+
+def registrations(path: str | Path | None = None) -> dict[str, str]:
+    """Per declaration key, the commit where its entry last changed; ``"uncommitted"`` when the working
+    copy's entry differs from HEAD's (or the file is not committed at all)."""
+    p = Path(path or DECLARATIONS).resolve()
+    head = _git("rev-parse", "HEAD", cwd=p.parent)[1].strip()
+    return dict(_registrations(str(p), p.read_text(encoding="utf-8"), head))
+
+
+@functools.lru_cache(maxsize=8)
+def _registrations(path: str, text: str, head: str) -> tuple[tuple[str, str], ...]:
+    # ``head`` is part of the cache key only: a new commit can change which commit registered an entry.
+    p = Path(path)
+    current = {k: v.raw for k, v in parse(text, p).items()}
+    rc, log = _git("log", "--format=%H", "--", p.name, cwd=p.parent)
+    history = [h for h in log.split() if h] if rc == 0 else []
+    versions = []  # newest first: (commit, {key: raw})
+    for h in history:
+        rc, old = _git("show", f"{h}:./{p.name}", cwd=p.parent)
+        try:
+            versions.append((h, {k: (v or {}) for k, v in (yaml.safe_load(old) or {}).items()} if rc == 0 else {}))
+        except yaml.YAMLError:
+            versions.append((h, {}))
+    out = {}
+    for key, raw in current.items():
+        if not versions or versions[0][1].get(key) != raw:
+            out[key] = UNCOMMITTED
+            continue
+        reg = versions[0][0]
+        for (_, newer), (h_old, older) in zip(versions, versions[1:], strict=False):
+            if older.get(key) != newer.get(key):
+                break
+            reg = h_old
+        out[key] = reg
+    return tuple(sorted(out.items()))
+
+
+def is_ancestor(older: str, newer: str, cwd: Path = REPO_ROOT) -> bool | None:
+    """Whether commit ``older`` is ``newer`` or one of its ancestors; None when git cannot tell."""
+    if not older or not newer or older == UNCOMMITTED or newer in ("unknown", ""):
+        return False if older == UNCOMMITTED else None
+    if older == newer:
+        return True
+    rc, _ = _git("merge-base", "--is-ancestor", older, newer, cwd=cwd)
+    if rc in (0, 1):
+        return rc == 0
+    return None
+
+
+def apply_registration(data: dict[str, Any], path: str | Path | None = None) -> dict[str, Any]:
+    """Mark a loaded chapter's decision rows exploratory where the result does not follow its declaration.
+
+    ``data`` is a chapter record whose ``verdicts`` are ``Verdict`` objects. Records without provenance
+    (synthetic ones in tests) are left alone. A decision that is exploratory and read "holds" or "holds
+    under conditions" is shown as inconclusive, the note saying why and what it read."""
+    prov = data.get("provenance") or {}
+    result = str(prov.get("git_commit") or "")
+    if not result or not data.get("verdicts"):
+        return data
+    try:
+        commits = registrations(path)
+    except (OSError, StudylibError):
+        commits = {}
+    dirty = bool(prov.get("git_dirty")) or result.endswith("+dirty")
+    result = result.removesuffix("+dirty")
+    out = []
+    for v in data["verdicts"]:
+        if v.role != DECISION:
+            out.append(v)
+            continue
+        key = f"{v.id}@{v.chapter}"
+        reg = commits.get(key)
+        why = ""
+        if data.get("declared") is False:
+            why = "saved without checking its declaration"
+        elif reg is None:
+            why = f"no declaration {key}"
+        elif dirty:
+            why = "the result came from a tree with uncommitted changes"
+        elif reg == UNCOMMITTED:
+            why = "its declaration has uncommitted changes"
+        elif v.registered_in is None:
+            why = f"the result (commit {result[:12]}) predates its declaration (commit {reg[:12]})"
+        else:
+            anc = is_ancestor(reg, result, Path(path or DECLARATIONS).resolve().parent)
+            if anc is False:
+                why = (f"its declaration changed in commit {reg[:12]}, after the result's commit {result[:12]}; "
+                       "rerun the chapter")
+        if why:
+            verdict = INCONCLUSIVE if v.verdict in (HOLDS, CONDITIONAL) else v.verdict
+            note = f"exploratory: {why}" + (f" (it read '{v.verdict}')" if verdict != v.verdict else "")
+            v = dataclasses.replace(v, exploratory=True, verdict=verdict, registered_in=reg,
+                                    conditions="; ".join(s for s in (v.conditions, note) if s))
+        out.append(v)
+    data["verdicts"] = out
+    return data
