@@ -535,10 +535,18 @@ def format_bar(v: Verdict) -> str:
     return f"{'≥' if v.direction == AT_LEAST else '≤'} {_fmt(v.threshold)}"
 
 
+def shown_metric(v: Verdict) -> str:
+    """The row's metric with what a reader must know before its verdict: a row that cannot fail, or a
+    decision taken from a result that does not follow its declaration."""
+    tags = [t for t, on in (("by construction, not counted", v.by_construction), ("exploratory", v.exploratory))
+            if on]
+    return f"[{'; '.join(tags)}] {v.metric}" if tags else v.metric
+
+
 def verdict_frame(verdicts: Sequence[Verdict]):
     import pandas as pd
 
-    rows = [{"id": v.id, "role": v.role, "claim": v.claim, "metric": v.metric,
+    rows = [{"id": v.id, "role": v.role, "claim": v.claim, "metric": shown_metric(v),
              "measured [95% CI] (n)": format_measured(v.measured, v.ci, v.n), "bar": format_bar(v),
              "claimed": v.claimed, "verdict": v.verdict, "conditions": v.conditions, "chapter": v.chapter}
             for v in verdicts]
@@ -581,12 +589,12 @@ def verdict_markdown(verdicts: Sequence[Verdict]) -> str:
 
     lines = ["| claim | verdict | decided by | chapter |", "|---|---|---|---|"]
     for d in study_decisions(verdicts):
-        lines.append(f"| {d.id} | **{d.verdict}** | {cell(d.metric)}: {cell(format_measured(d.measured, d.ci, d.n))} "
+        lines.append(f"| {d.id} | **{d.verdict}** | {cell(shown_metric(d))}: {cell(format_measured(d.measured, d.ci, d.n))} "
                      f"| {d.chapter} |")
     lines += ["", "| claim | chapter | row | metric | measured [95% CI] (n) | bar | verdict |",
               "|---|---|---|---|---|---|---|"]
     for v in sorted(verdicts, key=lambda v: (int(v.id[1:]), v.chapter, v.role != DECISION)):
-        lines.append(f"| {v.id} | {v.chapter} | {v.role} | {cell(v.metric)} | "
+        lines.append(f"| {v.id} | {v.chapter} | {v.role} | {cell(shown_metric(v))} | "
                      f"{cell(format_measured(v.measured, v.ci, v.n))} | {cell(format_bar(v))} | {v.verdict} |")
     return "\n".join(lines) + "\n"
 

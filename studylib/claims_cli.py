@@ -44,11 +44,11 @@ def run(args: argparse.Namespace) -> int:
 def study_summary(verdicts) -> str:
     """One line per claim (``study_decisions``): id, verdict, the deciding metric and its measured value,
     and the chapter(s) that decide it."""
-    from studylib.claims import DECISION, format_measured, study_decisions
+    from studylib.claims import DECISION, format_measured, shown_metric, study_decisions
 
     lines = []
     for d in study_decisions(verdicts):
         chapters = sorted({v.chapter for v in verdicts if v.id == d.id and v.role == DECISION})
         where = "chapter" + ("s " if len(chapters) > 1 else " ") + ", ".join(map(str, chapters))
-        lines.append(f"{d.id}  {d.verdict:<22}  {d.metric}: {format_measured(d.measured, d.ci, d.n)} ({where})")
+        lines.append(f"{d.id}  {d.verdict:<22}  {shown_metric(d)}: {format_measured(d.measured, d.ci, d.n)} ({where})")
     return "\n".join(lines)

@@ -6,7 +6,11 @@ Kernels choose their build from these at run time (``models.cpu_linear``, ``mode
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from pathlib import Path
+
+# The one-word labels of a CPU's best bf16/wide-vector ISA, best first (``bench.provenance.cpu_isa``).
+ISA_LABELS = ("amx_bf16", "avx512_bf16", "avx512", "avx2", "baseline")
 
 
 def parse_flags(cpuinfo: str) -> frozenset[str]:
@@ -25,3 +29,18 @@ def cpu_flags() -> frozenset[str]:
         return parse_flags(Path("/proc/cpuinfo").read_text())
     except OSError:
         return frozenset()
+
+
+def isa_label(flags: Iterable[str]) -> str:
+    """The best of ``ISA_LABELS`` that ``flags`` (/proc/cpuinfo names) have: amx_bf16 (AMX tiles with bf16)
+    > avx512_bf16 > avx512 (avx512f) > avx2 > baseline."""
+    have = set(flags)
+    if {"amx_bf16", "amx_tile"} <= have:
+        return "amx_bf16"
+    if "avx512_bf16" in have:
+        return "avx512_bf16"
+    if "avx512f" in have:
+        return "avx512"
+    if "avx2" in have:
+        return "avx2"
+    return "baseline"

@@ -153,6 +153,21 @@ def declared(claim: str, chapter: int, path: str | Path | None = None) -> Declar
     return decls[key]
 
 
+def exploratory(row: Verdict, why: str) -> Verdict:
+    """``row`` marked exploratory with the reason; a positive verdict is shown as inconclusive."""
+    verdict = INCONCLUSIVE if row.verdict in (HOLDS, CONDITIONAL) else row.verdict
+    note = f"exploratory: {why}" + (f" (it read '{row.verdict}')" if verdict != row.verdict else "")
+    return dataclasses.replace(row, exploratory=True, verdict=verdict,
+                               conditions="; ".join(s for s in (row.conditions, note) if s))
+
+
+def undeclared(claim: str, chapter: int, configurations: Sequence[str], path: str | Path | None = None) -> list[str]:
+    """The configurations of a run that its declaration does not name (a smoke run's small settings, or
+    a configuration added after a result was seen): a decision over them is exploratory."""
+    named = set(declared(claim, chapter, path).configurations)
+    return [c for c in configurations if c not in named]
+
+
 # ------------------------------------------------------------------------------ checking a chapter's rows
 
 def stamp(verdicts: Sequence[Verdict], chapter: int, path: str | Path | None = None) -> list[Verdict]:
@@ -297,10 +312,7 @@ def apply_registration(data: dict[str, Any], path: str | Path | None = None) -> 
                 why = (f"its declaration changed in commit {reg[:12]}, after the result's commit {result[:12]}; "
                        "rerun the chapter")
         if why:
-            verdict = INCONCLUSIVE if v.verdict in (HOLDS, CONDITIONAL) else v.verdict
-            note = f"exploratory: {why}" + (f" (it read '{v.verdict}')" if verdict != v.verdict else "")
-            v = dataclasses.replace(v, exploratory=True, verdict=verdict, registered_in=reg,
-                                    conditions="; ".join(s for s in (v.conditions, note) if s))
+            v = dataclasses.replace(exploratory(v, why), registered_in=reg)
         out.append(v)
     data["verdicts"] = out
     return data

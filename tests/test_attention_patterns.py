@@ -344,25 +344,56 @@ def _decode_timings(ms: dict[str, float], reps: int = 5, T: int = 4096):
                          for r in range(reps) for spec, m in ms.items()])
 
 
-def test_judge_c6_decides_on_one_configuration_with_both_parts():
+def _doc_runs(arms, n_docs=10, words=400, acc=0.4, seed=3):
+    """Synthetic per-document rows as ``document_quality`` writes them: arms = {pattern: (speed-up, share
+    of dense's correct words lost)}."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for d in range(n_docs):
+        dense = rng.random(words) < acc
+        for spec, (speedup, loss) in arms.items():
+            arm = dense & (rng.random(words) >= loss)
+            ms = 40.0 * (1 + 0.01 * rng.standard_normal())
+            rows.append({"document": d, "pattern": spec, "ppl_ratio": 1 + loss, "kl": 0.01, "top1": 0.98,
+                         "greedy_agreement": 0.9, "correct": arm.tolist(), "correct_dense": dense.tolist(),
+                         "ms_per_token": ms / speedup, "ms_per_token_dense": ms, "chance": 1e-9})
+    return pd.DataFrame(rows)
+
+
+def test_judge_c6_decides_on_one_frozen_configuration_with_both_parts():
+    from studylib.claims import CONDITIONAL, FAILS, INCONCLUSIVE
+    from studylib.decisions import declared, stamp
     from studylib.experiments import ch06_sparse_attention as ch06
 
     cost = _synthetic_cost_repeats()
     assert ch06.exponent_estimate(cost, "window:8").value == pytest.approx(1, abs=0.02)
     assert ch06.exponent_estimate(cost, "dense").value == pytest.approx(2, abs=0.02)
-    fast = _decode_timings({"dense": 90.0, "window:8": 50.0, "quest:budget=128": 60.0})
-    # window is fast but loses quality, quest is fast and within 1%: holds under conditions, for quest only
-    rows = ch06.judge_c6(fast, _docs({"window:8": 1.5, "quest:budget=128": 1.002}), "synthetic", 4096)
-    assert rows[0].role == "decision" and rows[0].verdict == "holds under conditions"
-    assert "holds for: quest:budget=128" in rows[0].conditions and "window:8 (does not hold)" in rows[0].conditions
-    assert {r.unit for r in rows[1:]} == {"repeats", "documents"}
+    sinks, q1, q2 = declared("C6", 6).configurations
+    conf, k = ch06.c6_confidence()
+    assert k == 3 and conf == pytest.approx(1 - 0.05 / 3)
+    # sinks is fast but loses 20% of the words, quest:1024 is fast and loses nothing: holds under conditions
+    docs = _doc_runs({sinks: (1.5, 0.2), q1: (1.6, 0.0), q2: (0.9, 0.0)})
+    rows = ch06.judge_c6(ch06.document_summary(docs, conf), "synthetic", 8176)
+    assert rows[0].role == "decision" and rows[0].verdict == CONDITIONAL and not rows[0].exploratory
+    assert f"holds for: {q1}" in rows[0].conditions and f"{sinks} (does not hold)" in rows[0].conditions
+    assert {r.unit for r in rows[1:] if r.unit} == {"documents"} and all(r.tried in (None, 3) for r in rows)
+    assert "3 configurations" in rows[0].conditions
+    assert len(stamp(rows, 6)) == len(rows)  # judged exactly as declared
     # quality alone (no faster configuration) is not the claim
-    slow = _decode_timings({"dense": 90.0, "quest:budget=128": 120.0})
-    assert ch06.judge_c6(slow, _docs({"quest:budget=128": 1.002}), "s", 4096)[0].verdict == "does not hold"
-    # three repeats decide nothing; nor does a length that was not timed
-    few = _decode_timings({"dense": 90.0, "quest:budget=128": 60.0}, reps=3)
-    assert ch06.judge_c6(few, _docs({"quest:budget=128": 1.002}), "s", 4096)[0].verdict == "inconclusive"
-    assert ch06.judge_c6(fast, _docs({"quest:budget=128": 1.002}), "s", 8192)[0].verdict == "inconclusive"
+    slow = _doc_runs({q1: (0.8, 0.0)})
+    assert ch06.judge_c6(ch06.document_summary(slow, conf), "s", 8176)[0].verdict == FAILS
+    # too few documents, or too few words to see a 1% change: nothing is decided
+    few = _doc_runs({q1: (1.6, 0.0)}, n_docs=4)
+    assert ch06.judge_c6(ch06.document_summary(few, conf), "s", 8176)[0].verdict == INCONCLUSIVE
+    thin = _doc_runs({q1: (1.6, 0.01)}, words=30)
+    qual = [r for r in ch06.judge_c6(ch06.document_summary(thin, conf), "s", 8176) if "next-word" in r.metric][0]
+    assert qual.verdict == INCONCLUSIVE and "no power" in qual.conditions and qual.power["n_needed"] > 10
+    # a configuration that was not declared makes the decision exploratory
+    other = _doc_runs({"quest:budget=512": (1.6, 0.0)})
+    head = ch06.judge_c6(ch06.document_summary(other, conf), "s", 8176)[0]
+    assert head.exploratory and head.verdict == INCONCLUSIVE and "not among those declared" in head.conditions
 
 
 def test_pair_ratio_is_the_work_bound():

@@ -55,50 +55,94 @@ def test_kv_memory_formula_matches_the_cache_tensors(model):
     assert kv["formula_bytes"].iloc[-1] == 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4 * 128 * 2
 
 
-def steps_with(growth_at_4, repeats=6, noise=0.01):
-    """Interleaved step timings whose batch-4 step costs ``growth_at_4`` batch-1 steps."""
-    rng = np.random.default_rng(1)
-    rows = []
-    for r in range(1, repeats + 1):
-        base = 0.03 * (1 + noise * rng.standard_normal())
-        for b, g in ((1, 1.0), (4, growth_at_4), (16, 6.0)):
-            rows.append({"batch": b, "repeat": r, "step_s": base * g * (1 + noise * rng.standard_normal())})
-    return pd.DataFrame(rows)
-
-
 def fit_with(r2, n=12, spread=0.0005):
     return {"r2_estimate": Estimate(r2, r2 - spread, min(r2 + spread, 1.0), n, [r2] * n)}
 
 
-@pytest.mark.parametrize("r2,growth,expected", [(0.999, 1.2, HOLDS), (0.999, 3.9, FAILS), (0.9, 1.2, FAILS)])
-def test_judge_c1_needs_both_parts(r2, growth, expected):
-    rows = ch01.judge_c1(fit_with(r2), steps_with(growth), "synthetic")
+def share_with(value, n=12, spread=0.05):
+    return {"at": "gguf", "engines": ["dense fused", "q8_0", "gguf", "q4_0"],
+            "estimate": Estimate(value, value - spread, value + spread, n, [])}
+
+
+@pytest.mark.parametrize("r2,share,expected", [(0.999, 0.8, HOLDS), (0.999, 0.2, FAILS), (0.9, 0.8, FAILS)])
+def test_judge_c1_needs_both_parts(r2, share, expected):
+    rows = ch01.judge_c1(fit_with(r2), share_with(share), "synthetic")
     assert [v.role for v in rows] == ["decision", "part", "part"]
     assert rows[0].verdict == expected
-    assert rows[2].n == 6 and rows[2].threshold == 2.0 and rows[2].direction == "at_most"
-    with pytest.raises(StudylibError, match="batch size above 1"):
-        ch01.judge_c1(fit_with(r2), steps_with(growth).query("batch == 1"), "synthetic")
+    assert rows[2].n == 12 and rows[2].threshold == 0.5 and rows[2].direction == "at_least"
+    # the bars are the declared ones: the rows pass the declaration check
+    from studylib.decisions import stamp
+    assert len(stamp(rows, 1)) == 3
 
 
 def test_judge_c1_on_too_few_prompts_is_inconclusive():
-    rows = ch01.judge_c1(fit_with(0.999, n=3), steps_with(1.2), "synthetic")
+    rows = ch01.judge_c1(fit_with(0.999, n=3), share_with(0.8, n=3), "synthetic")
     assert rows[0].verdict == INCONCLUSIVE and rows[1].verdict == INCONCLUSIVE
+
+
+def _runs(fixed_s, gbs, prompts=12, noise=0.01, seed=0):
+    """Synthetic per-prompt step times: fixed_s + bytes / bandwidth, for four formats on one path."""
+    rng = np.random.default_rng(seed)
+    mb = {"dense per-op": 540.0, "dense fused": 540.0, "q8_0": 150.0, "gguf": 90.0, "q4_0": 80.0}
+    rows = []
+    for p in range(prompts):
+        for e, m in mb.items():
+            t = (fixed_s + m * 1e6 / (gbs * 1e9)) * (1 + noise * rng.standard_normal())
+            rows.append({"engine": e, "prompt": p, "step_s": t, "mbytes_per_step": m, "tokens": [1, 2]})
+    return pd.DataFrame(rows)
+
+
+def test_bytes_share_tells_memory_bound_from_overhead_bound():
+    from studylib.experiments import ch01_formats as fm
+
+    bound = fm.bytes_share(_runs(fixed_s=0.0005, gbs=20.0))
+    assert bound["estimate"].value > 0.8 and bound["estimate"].ci_low > 0.5 and bound["r2"] > 0.99
+    assert bound["implied_gbs"] == pytest.approx(20.0, rel=0.05) and bound["estimate"].n == 12
+    # the same bytes with a large fixed cost per step: time barely follows bytes at 4-bit
+    overhead = fm.bytes_share(_runs(fixed_s=0.02, gbs=20.0))
+    assert overhead["estimate"].ci_high < 0.5
+
+
+def test_fastest_faithful_engine_decides_c2_and_never_a_lossy_one():
+    from studylib.experiments import ch01_formats as fm
+
+    by = fm.fraction_by_engine(_runs(fixed_s=0.001, gbs=20.0), bandwidth_gbs=40.0)
+    assert set(by.engine) == set(fm.ENGINES)
+    # q4_0 is the fastest, but it changes the weights: the decisive engine is gguf
+    assert by.sort_values("tok_s").iloc[-1].engine == "q4_0" and fm.fastest_faithful(by).engine == "gguf"
+
+
+def _kv(measured_over=(0.0, 0.0, 0.0)):
+    formula = np.array([11.8e6, 47.2e6, 189e6])
+    overhead = 0.25e6
+    return pd.DataFrame({"batch": [1, 4, 8], "context": [256, 256, 512], "formula_bytes": formula,
+                         "measured_bytes": formula + overhead + np.array(measured_over) * formula,
+                         "formula_mb": formula / 1e6,
+                         "measured_mb": (formula + overhead + np.array(measured_over) * formula) / 1e6})
 
 
 @pytest.mark.parametrize("fraction,intensity,expected", [
     (Estimate(0.7, 0.6, 0.8, 10, [0.7] * 10), 0.5, HOLDS),
     (Estimate(0.2, 0.15, 0.25, 10, [0.2] * 10), 0.5, FAILS),
-    (Estimate(0.7, 0.6, 0.8, 3, [0.6, 0.7, 0.8]), 0.5, INCONCLUSIVE),  # three repeats decide nothing
+    (Estimate(0.7, 0.6, 0.8, 3, [0.6, 0.7, 0.8]), 0.5, INCONCLUSIVE),  # three prompts decide nothing
 ])
 def test_judge_c2(fraction, intensity, expected):
     points = pd.DataFrame({"intensity": [intensity, 2.0]})
-    kv = pd.DataFrame({"formula_bytes": [64e6, 256e6], "measured_over_formula": [1.01, 1.0]})
-    rows = ch01.judge_c2(fraction, points, {"ridge_flop_per_byte": 3.0}, kv, "synthetic")
-    assert rows[0].verdict == expected and rows[2].measured == fraction.value
+    row = pd.Series({"engine": "gguf", "estimate": fraction})
+    rows = ch01.judge_c2(row, points, {"ridge_flop_per_byte": 3.0}, _kv(), "synthetic")
+    assert rows[0].verdict == expected and rows[2].measured == fraction.value and "gguf" in rows[2].metric
+
+
+def test_kv_check_keeps_every_row_and_fails_on_one_that_is_off():
+    ok = ch01.kv_check(_kv())
+    assert len(ok["rows"]) == 3 and all(ok["rows"].values()) and ok["overhead_mb"] == pytest.approx(0.25)
+    bad = ch01.kv_check(_kv((0.0, 0.0, 0.3)))
+    assert list(bad["rows"].values()) == [True, True, False]
 
 
 def test_judge_c2_does_not_hold_when_nothing_points_at_memory():
     fraction = Estimate(0.1, 0.05, 0.15, 10, [0.1] * 10)
-    kv = pd.DataFrame({"formula_bytes": [64e6], "measured_over_formula": [1.5]})
-    rows = ch01.judge_c2(fraction, pd.DataFrame({"intensity": [8.0]}), {"ridge_flop_per_byte": 3.0}, kv, "synth")
+    row = pd.Series({"engine": "gguf", "estimate": fraction})
+    rows = ch01.judge_c2(row, pd.DataFrame({"intensity": [8.0]}), {"ridge_flop_per_byte": 3.0}, _kv((0, 0, 0.5)),
+                         "synth")
     assert rows[0].verdict == FAILS and all(v.verdict == FAILS for v in rows[1:])

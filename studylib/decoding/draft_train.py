@@ -303,9 +303,10 @@ def load_draft_weights(path: Path, device, dtype):
     """The runtime model in an exported draft directory (no tokenizer needed, so random targets work)."""
     from transformers import AutoConfig
 
+    from studylib.bench.provenance import record_artifact
     from studylib.models import ModelConfig, _load_weights
 
-    path = Path(path)
+    path = Path(record_artifact("draft", path))  # its weights' sha256 goes into provenance
     cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(path), name=f"draft:{path.name}")
     return _load_weights(path, cfg, device, dtype)
 

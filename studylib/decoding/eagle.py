@@ -543,8 +543,10 @@ def save_head(head: EagleHead, path: Path, head_ids: Sequence[int], meta: dict) 
 def load_head(path: Path, target: LlamaModel) -> EagleDraft:
     from safetensors.torch import load_file
 
+    from studylib.bench.provenance import record_artifact
+
     head = EagleHead(target.config)
-    head.load_state_dict(load_file(str(path / HEAD_FILE)))
+    head.load_state_dict(load_file(str(record_artifact("eagle_head", path / HEAD_FILE))))
     head.to(device=target.device, dtype=target.dtype).eval()
     ids = json.loads((path / VOCAB_FILE).read_text()) if (path / VOCAB_FILE).exists() else []
     meta = json.loads((path / META_FILE).read_text()) if (path / META_FILE).exists() else {}

@@ -17,7 +17,7 @@ import torch
 
 from studylib.bench.roofline import decode_bytes_per_step, decode_flops_per_step, dtype_bytes
 from studylib.bench.stats import estimate, rotated
-from studylib.claims import CLAIMS, Verdict, decide_parts, judge_at_least, judge_at_most, judge_checks
+from studylib.claims import CLAIMS, Verdict, decide_parts, judge_at_least, judge_checks
 from studylib.decoding.common import Stopwatch
 from studylib.errors import StudylibError
 from studylib.models import DenseKVCache, LlamaModel
@@ -184,6 +184,9 @@ def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * page
 out = []
+# The first allocations of a fresh interpreter also map torch's own arenas; a throwaway cache first, so
+# that every measured row sees only its own buffers.
+DenseKVCache(cfg, 1, 16, "cpu", dtype)
 for b in req["batches"]:
     for ctx in req["contexts"]:
         before = rss()
@@ -227,49 +230,70 @@ def kv_memory(cfg: ModelConfig, contexts: Sequence[int], batches: Sequence[int],
     return df
 
 
-def judge_c1(fit: dict, steps: pd.DataFrame, conditions: str, small_batch: int = 4,
-             r2_threshold: float = 0.99) -> list[Verdict]:
-    """C1 has two parts that must both hold: latency is linear in the step count (R^2 of the per-prompt
-    fit >= 0.99, CI over prompts from separate generations) AND the step is memory-bound at small batch:
-    B sequences per step (the largest swept B <= ``small_batch``) cost less than B/2 single steps (CI
-    over interleaved repeats)."""
-    multi = sorted(b for b in steps["batch"].unique() if b > 1)
-    if not multi or 1 not in set(steps["batch"]):
-        raise StudylibError("the batch sweep needs batch 1 and a batch size above 1 to judge C1; add them to "
-                            "`batches`.")
-    small = [b for b in multi if b <= small_batch]
-    b = int(small[-1] if small else multi[0])
+def judge_c1(fit: dict, share: dict, conditions: str) -> list[Verdict]:
+    """C1 has two parts that must both hold, with the bars declared in ``decisions.yaml`` (C1@1): latency
+    is linear in the step count (R² of the per-prompt fit, CI over prompts from separate generations)
+    AND the batch-1 step is memory-bound: the share of the step that scales with the bytes it reads, from
+    the fit of step time against bytes across weight formats (``ch01_formats.bytes_share``, CI over
+    prompts). A batch-B / batch-1 ratio is shown beside it but decides nothing: a step made of fixed
+    overhead is as cheap to batch as one bound by memory."""
+    from studylib.decisions import declared
+
+    d = declared("C1", 1)
+    r2_bar = d.row("^R² of latency vs\\. output length").bar
+    share_bar = d.row("^share of the batch-1 step that scales with the bytes read").bar
     linear = judge_at_least("C1", "R² of latency vs. output length (per-prompt fit, separate generations)",
-                            fit["r2_estimate"], r2_threshold, f"linear (R² ≥ {r2_threshold})", conditions,
+                            fit["r2_estimate"], r2_bar, f"linear (R² ≥ {r2_bar:g})", conditions,
                             chapter=1, unit="prompts")
-    bound = judge_at_most("C1", f"step time at batch {b} / batch 1 (memory-bound if < {b / 2:g})",
-                          step_growth(steps, b), b / 2, "a step costs about the same for a few sequences",
-                          conditions, chapter=1, unit="repeats")
+    bound = judge_at_least("C1", f"share of the batch-1 step that scales with the bytes read, {share['at']} "
+                           f"(fit across {len(share['engines'])} weight formats)", share["estimate"], share_bar,
+                           "the step is bound by reading the weights", conditions, chapter=1, unit="prompts")
     return decide_parts("C1", "latency linear in steps AND the step memory-bound", [linear, bound],
                         CLAIMS["C1"].decides.split(";")[0], conditions, chapter=1)
 
 
-def judge_c2(fraction, points: pd.DataFrame, probe: dict, kv: pd.DataFrame, conditions: str,
-             min_fraction: float = 0.5, kv_tolerance: float = 0.1) -> list[Verdict]:
-    """C2 has three parts, all needed: at batch 1 (a) the step's arithmetic intensity is below the
-    machine's ridge point (so arithmetic cannot be the limit); (b) the measured step moves its weights +
-    KV at >= ``min_fraction`` of the measured bandwidth (CI over repeats); (c) the KV cache's measured
-    memory matches the formula within ``kv_tolerance`` (held state grows with context and batch)."""
+def kv_check(kv: pd.DataFrame, tolerance: float = 0.1) -> dict:
+    """Every measured KV cache against the formula, no row dropped: the fixed overhead a cache costs
+    beyond its tensors (page rounding of its 2 x layers buffers, the same at every size) is estimated as
+    the median of measured - formula and reported; each row passes if measured is within ``tolerance``
+    of formula + that overhead."""
+    over = float((kv["measured_bytes"] - kv["formula_bytes"]).median())
+    dev = (kv["measured_bytes"] - kv["formula_bytes"] - over) / kv["formula_bytes"]
+    return {"overhead_mb": over / 1e6, "worst": float(dev.abs().max()),
+            "rows": {f"batch {int(r.batch)} x {int(r.context)} tokens: {r.measured_mb:.2f} MB vs formula "
+                     f"{r.formula_mb:.2f} MB": bool(abs(d) <= tolerance)
+                     for r, d in zip(kv.itertuples(), dev, strict=True)}}
+
+
+def judge_c2(fraction_row, points: pd.DataFrame, probe: dict, kv: pd.DataFrame, conditions: str) -> list[Verdict]:
+    """C2 has three parts, all needed, with the bar declared in ``decisions.yaml`` (C2@1): at batch 1 (a)
+    the step's arithmetic intensity is below the machine's ridge point (so arithmetic cannot be the
+    limit); (b) on the fastest faithful engine (``ch01_formats.fastest_faithful``, the rule declared before
+    the run) the step moves its bytes at >= the declared fraction of the measured bandwidth (CI over
+    prompts); (c) every measured KV cache matches the formula (``kv_check``, every row kept)."""
+    from studylib.decisions import declared
+
+    bar = declared("C2", 1).row("^achieved fraction of memory bandwidth, batch 1, fastest faithful engine").bar
     intensity_b1, ridge = float(points["intensity"].iloc[0]), probe["ridge_flop_per_byte"]
-    big = kv[kv["formula_bytes"] >= 32e6]  # small buffers are below the resident-memory resolution
-    ratio = (big if len(big) else kv)["measured_over_formula"]
     intensity = judge_checks("C2", "batch-1 arithmetic intensity below the ridge point", {
         f"{intensity_b1:.2g} FLOP/B < ridge {ridge:.3g} FLOP/B": intensity_b1 < ridge}, "memory-bound by shape",
         conditions, chapter=1)
-    traffic = judge_at_least("C2", "achieved fraction of memory bandwidth, batch 1", fraction, min_fraction,
-                             f"memory traffic explains ≥ {min_fraction:.0%} of the step", conditions, chapter=1,
-                             unit="repeats")
-    held = judge_checks("C2", "KV-cache memory follows the formula", {
-        f"measured/formula {ratio.min():.2f}-{ratio.max():.2f} within {kv_tolerance:.0%}":
-            bool(((ratio - 1).abs() <= kv_tolerance).all())}, "held state grows with context x batch",
-        conditions, chapter=1)
+    traffic = judge_at_least("C2", f"achieved fraction of memory bandwidth, batch 1, fastest faithful engine "
+                             f"({fraction_row.engine})", fraction_row.estimate, bar,
+                             f"memory traffic explains ≥ {bar:.0%} of the step", conditions, chapter=1,
+                             unit="prompts")
+    check = kv_check(kv)
+    held = judge_checks("C2", "KV-cache memory follows the formula", check["rows"],
+                        "held state grows with context x batch",
+                        _join_note(conditions, f"every row kept; a fixed {check['overhead_mb']:.2f} MB per cache "
+                                               "beyond its tensors (page rounding) is reported, not hidden"),
+                        chapter=1)
     return decide_parts("C2", "memory traffic and held state dominate", [intensity, traffic, held],
                         "memory traffic (weights + KV) dominates", conditions, chapter=1)
+
+
+def _join_note(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
 
 
 def probe_machine(device: str, dtype: str, mbytes: int = 256, repeats: int = 3) -> dict:

@@ -20,7 +20,7 @@ from studylib import plots
 from studylib.attention import Pattern, attention, make_cache
 from studylib.attention.patterns import Dense
 from studylib.bench.stats import estimate, ratio_estimate, rotated
-from studylib.claims import Verdict, decide_conditions, decide_parts, judge_at_least, judge_at_most
+from studylib.claims import Verdict, decide_conditions, decide_parts, judge_at_least
 from studylib.experiments.ch06_decode import (  # noqa: F401  (re-exported for the notebook)
     decode_cost,
     decode_speedup,
@@ -379,32 +379,53 @@ def exponent_estimate(cost: pd.DataFrame, pattern: str, backend: str = "torch"):
     return estimate(slopes)
 
 
-def judge_c6(decode: pd.DataFrame, docs: pd.DataFrame, conditions: str, speed_len: int,
-             quality_bar: float = 1.01) -> list[Verdict]:
-    """C6 is one claim with two parts that must hold for the same configuration: the configuration
-    decodes faster than dense at ``speed_len`` tokens of context (the speed-up's CI over repeats above
-    1: the quadratic cost, paid per token as a step that grows with the context, is gone where it
-    bites) AND it keeps >99% of quality (perplexity ratio to dense <= ``quality_bar``, CI over documents,
-    read in decode mode past the budget). Each configuration run for quality is judged on both; the
-    configurations are then the conditions of one decision, which names those that meet both."""
+def c6_confidence() -> tuple[float, int]:
+    """The CI level of every C6 row and the number of configurations it corrects for: the configurations
+    declared for C6 in ``decisions.yaml`` (frozen before the run), Bonferroni-corrected."""
+    from studylib.claims import corrected_confidence
+    from studylib.decisions import declared
 
-    summary = document_summary(docs)
+    k = declared("C6", CHAPTER).tried
+    return corrected_confidence(k), k
+
+
+def judge_c6(summary: pd.DataFrame, conditions: str, n_tokens: int) -> list[Verdict]:
+    """C6 is one claim with two parts that must hold for the same configuration (bars from
+    ``decisions.yaml``, C6@6): the configuration decodes faster than dense at ``n_tokens`` of real
+    context (the speed-up's CI over documents above the bar: the quadratic cost, paid per token as a step
+    that grows with the context, is gone where it bites) AND it keeps >99% of quality: its score on the
+    next-word task over the same documents is >= 99% of dense's (CI resampling documents, with the power
+    to see a 1% change, or "inconclusive: no power"). ``summary`` is ``document_summary(docs,
+    confidence)`` at ``c6_confidence()``: the configurations are the conditions of one decision, each CI
+    corrected for how many were tried. Perplexity ratio, KL and top-1 stand beside it in the row's name."""
+    from studylib.decisions import declared, exploratory, undeclared
+    from studylib.eval.lastword import as_estimate, power_fields
+
+    d = declared("C6", CHAPTER)
+    speed_bar = d.row("^decode speed-up over dense at \\d+ tokens, ").bar
+    task_bar = d.row("^next-word accuracy ratio vs dense, ").bar
+    confidence, k = c6_confidence()
     decisions, names = [], []
     for r in summary.itertuples():
-        sp = decode_speedup(decode, speed_len, r.pattern)
-        speed = judge_at_least("C6", f"decode speed-up over dense at {speed_len} tokens, {r.pattern}", sp["estimate"],
-                               1.0, "faster than dense attention at long context", conditions, CHAPTER,
-                               unit="repeats")
-        qual = judge_at_most("C6", f"perplexity ratio vs dense, {r.pattern} (KL {r.kl_nats:.3g} nats, top-1 "
-                             f"{r.top1_agreement:.1%}, greedy {r.greedy_agreement:.0%})", r.estimate, quality_bar,
-                             ">99% of quality kept", conditions, CHAPTER, unit="documents")
+        speed = judge_at_least("C6", f"decode speed-up over dense at {n_tokens} tokens, {r.pattern}",
+                               r.speed_estimate, speed_bar, "faster than dense attention at long context",
+                               conditions, CHAPTER, unit="documents", confidence=confidence, tried=k)
+        qual = judge_at_least("C6", f"next-word accuracy ratio vs dense, {r.pattern} (perplexity ratio "
+                              f"{r.ppl_ratio:.4g}, KL {r.kl_nats:.3g} nats, top-1 {r.top1_agreement:.1%})",
+                              as_estimate(r.task), task_bar, ">99% of quality kept", conditions, CHAPTER,
+                              unit="documents", confidence=confidence, tried=k, power=power_fields(r.task))
         decisions.append(decide_parts("C6", f"{r.pattern}: faster than dense AND within 1%", [speed, qual], "",
                                       conditions, CHAPTER))
         names.append(r.pattern)
     rows = decide_conditions("C6", "one configuration both faster than dense and within 1% of its quality",
-                             [d[0] for d in decisions], "quadratic cost removed and >99% quality kept", conditions,
-                             CHAPTER, names=names)
-    return [rows[0], *[p for d in decisions for p in d[1:]]]
+                             [d[0] for d in decisions], "quadratic cost removed and >99% quality kept",
+                             f"{conditions}; {k} configurations declared before the run, each CI at "
+                             f"{confidence:.2%}", CHAPTER, names=names)
+    unknown = undeclared("C6", CHAPTER, list(summary.pattern))
+    head = rows[0] if not unknown else exploratory(
+        rows[0], f"configurations {', '.join(unknown)} are not among those declared before the run "
+                 f"({', '.join(d.configurations)})")
+    return [head, *[p for d in decisions for p in d[1:]]]
 
 
 def timing_summary(cost: pd.DataFrame) -> pd.DataFrame:

@@ -196,6 +196,8 @@ def _load_dense(name: str, dev: torch.device, dt: torch.dtype) -> tuple[LlamaMod
     tok = AutoTokenizer.from_pretrained(directory)
     if tok.eos_token_id is not None and tok.eos_token_id not in cfg.eos_token_ids:
         cfg.eos_token_ids.append(tok.eos_token_id)
+    from studylib.bench.provenance import record_artifact
+    record_artifact("model", directory)  # its weights' sha256 goes into provenance
     return _load_weights(directory, cfg, dev, dt), tok
 
 

@@ -140,9 +140,10 @@ def _unpermute_rows(n: int, heads: int) -> torch.Tensor:
 def _gguf_tensors(cfg) -> dict[str, QuantTensor]:
     import gguf
 
+    from studylib.bench.provenance import record_artifact
     from studylib.models.hub import smollm2_gguf
 
-    reader = gguf.GGUFReader(str(smollm2_gguf()))
+    reader = gguf.GGUFReader(str(record_artifact("gguf", smollm2_gguf())))
     raw = {t.name: t for t in reader.tensors}
 
     def block(name: str) -> QuantTensor:

@@ -25,6 +25,7 @@ from studylib.claims import (
     Verdict,
     load_chapter,
     load_verdicts,
+    shown_metric,
     study_decisions,
     verdict_table,
 )
@@ -164,7 +165,7 @@ def claims_table(verdicts: Sequence[Verdict], chapters: Mapping[int, str]) -> st
         claim = CLAIMS.get(d.id)
         chs = sorted({v.chapter for v in verdicts if v.id == d.id and v.role == DECISION})
         links = ", ".join(f"<a href='ch{c:02d}.html'>{c}</a>" if c in chapters else str(c) for c in chs)
-        decided = f"{html.escape(d.metric)}: {html.escape(format_ci(d.measured, d.ci, d.n, d.unit))}"
+        decided = f"{html.escape(shown_metric(d))}: {html.escape(format_ci(d.measured, d.ci, d.n, d.unit))}"
         rows.append(f"<tr><td><b>{d.id}</b></td><td>{html.escape(claim.text if claim else d.claim)}</td>"
                     f"<td>{badge(d.verdict)}</td><td>{decided}</td><td>{html.escape(d.conditions or '')}</td>"
                     f"<td>{links}</td></tr>")
@@ -188,7 +189,8 @@ def bar_ratio(v: Verdict) -> tuple[float, float, float] | None:
 def claims_figure(verdicts: Sequence[Verdict], path: Path) -> Path | None:
     """One dot per measured row with a bar: measured ÷ claimed bar on a log axis, 95% CI as whiskers,
     coloured by verdict; the vertical line at 1 is the bar."""
-    rows = [(v, r) for v in verdicts if (r := bar_ratio(v)) is not None]
+    # rows that cannot fail decide nothing and are left out of the picture of what was tested
+    rows = [(v, r) for v in verdicts if not v.by_construction and (r := bar_ratio(v)) is not None]
     if not rows:
         return None
     import matplotlib

@@ -170,7 +170,8 @@ def up_to_date(out_dir: Path, chapter: int, notebook: Path, params_file: Path, p
 
 
 def tree_is_dirty() -> bool:
-    """Whether the checkout's tracked files differ from HEAD (what ``git_dirty`` in provenance says)."""
+    """Whether the checkout differs from HEAD outside reports/: tracked changes or untracked files git does not
+    ignore (what ``git_dirty`` in provenance says)."""
     from studylib.bench.provenance import git_state
 
     return git_state()[1]
