@@ -318,7 +318,7 @@ def _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, cha
     notes = []
     if single:
         if states[""] != CLEARS:
-            notes.append(_state_note(states[""], p, word, threshold, need, unit))
+            notes.append(_state_note(states[""], p, word, threshold, need, unit, confidence))
     else:
         notes.append(f"shown: {shown}")
         detail = "; ".join(f"{k}: {_describe(points[k], unit)} {states[k]}" for k in points)
@@ -342,13 +342,14 @@ def _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, cha
                    by_construction=by_construction, confidence=confidence, tried=tried, power=power)
 
 
-def _state_note(state: str, p: Point, word: str, threshold: float, need: int, unit: str) -> str:
+def _state_note(state: str, p: Point, word: str, threshold: float, need: int, unit: str,
+                confidence: float = 0.95) -> str:
     if state == UNDERSAMPLED:
         return (f"no CI from at least {need} {unit} (n={p.n}); the rule cannot decide" if p.ci is None or
                 p.n is None or p.n < need else "no value")
     if state == STRADDLES:
-        return f"the 95% CI crosses the bar {word} {_fmt(threshold)}"
-    return f"the whole 95% CI misses the bar {word} {_fmt(threshold)}"
+        return f"the {100 * confidence:.4g}% CI crosses the bar {word} {_fmt(threshold)}"
+    return f"the whole {100 * confidence:.4g}% CI misses the bar {word} {_fmt(threshold)}"
 
 
 def judge_at_least(claim_id: str, metric: str, estimate: Any, threshold: float, claimed: str,

@@ -203,28 +203,99 @@ def test_c7_is_one_decision_a_lossless_stack_cannot_carry():
     assert rows[0].verdict == FAILS  # ... but the claim is the three parts at once
 
 
-def test_c8_counts_measured_checks_only():
+def c8_inputs(tpot=(1.0, 0.98, 1.02), stack=(0.6, 0.5, 0.7), growth=1.8, prompts=10, requests=10):
     spec = pd.DataFrame({"batch": [1, 16], "gain": [1.5, 0.8]})
     prefix = pd.Series({"workload": "w", "ttft_speedup": 5.0, "ttft_low": 4.0, "ttft_high": 6.0,
-                        "tpot_speedup": 1.0, "tpot_low": 0.9, "tpot_high": 1.1, "requests": 10})
-    sparse = pd.DataFrame({"context": [256, 2048], "speedup": [0.9, 1.6], "low": [0.85, 1.5], "high": [0.95, 1.7],
-                           "steps": [10, 10]})
-    inter = pd.DataFrame({"workload": ["w"], "stack": ["s"], "ratio": [0.6], "low": [0.5], "high": [0.7],
-                          "requests": [10]})
-    checks = report.c8_checks(spec, prefix, sparse, inter)
+                        "tpot_speedup": tpot[0], "tpot_low": tpot[1], "tpot_high": tpot[2], "requests": requests})
+    rows = []
+    for p in range(prompts):  # per prompt: speed-up at the shortest and at the longest context
+        jitter = 1 + 0.01 * ((p % 5) - 2)
+        for ctx, gain in ((256, 0.9), (1024, 0.9 * (1 + growth) / 2), (2048, 0.9 * growth)):
+            g = gain * jitter if ctx != 256 else gain
+            rows.append({"prompt": p, "context": ctx, "dense_ms": 10.0 * g, "sparse_ms": 10.0, "speedup": g,
+                         "steps": 4})
+    sparse = pd.DataFrame(rows)
+    inter = pd.DataFrame({"workload": ["w"], "stack": ["s"], "ratio": [stack[0]], "low": [stack[1]],
+                          "high": [stack[2]], "requests": [requests], "confidence": [0.95]})
+    return spec, prefix, sparse, inter
+
+
+def c8_rows(**kw):
+    return report.judge_c8(report.c8_checks(*c8_inputs(**kw)), "c")
+
+
+def row(rows, prefix):
+    return next(r for r in rows if r.metric.startswith(prefix))
+
+
+def test_c8_counts_measured_checks_only_and_is_judged_as_declared():
+    from studylib import decisions
+
+    checks = report.c8_checks(*c8_inputs())
     assert len(checks) == 4 and sum(not c["measured"] for c in checks.values()) == 1
     rows = report.judge_c8(checks, "c")
     assert rows[0].verdict == HOLDS and len(rows) == 1 + 3 and "not counted (models)" in rows[0].conditions
+    assert [(r.unit, r.n) for r in rows[1:]] == [("requests", 10), ("prompts", 10), ("requests", 10)]
+    assert [r.metric.split(" (")[0] for r in rows[1:]] == [report.C8_PREFIX, report.C8_SPARSE, report.C8_STACK]
+    spec, prefix, sparse, inter = c8_inputs()
     spec["gain"] = [0.8, 1.5]  # the model's check fails: it changes nothing
     assert report.judge_c8(report.c8_checks(spec, prefix, sparse, inter), "c")[0].verdict == HOLDS
-    inter["high"] = 1.2
-    assert report.judge_c8(report.c8_checks(spec, prefix, sparse, inter), "c")[0].verdict == CONDITIONAL
-    # checks whose CIs rest on too few units decide nothing
-    few = report.judge_c8(report.c8_checks(spec, prefix.copy().replace({10: 3}), sparse.assign(steps=3),
-                                           inter.assign(requests=3)), "c")
-    assert few[0].verdict == INCONCLUSIVE and all(r.verdict == INCONCLUSIVE for r in few[1:])
+    for kw in ({}, {"tpot": (1.8, 1.7, 1.9)}, {"stack": (1.4, 1.2, 1.6)}, {"growth": 1.0}, {"prompts": 3},
+               {"requests": 3}):
+        decisions.stamp(c8_rows(**kw), 7)  # raises if a row is not what C8@7 declares
+
+
+def test_prefix_check_is_an_equivalence_test_on_tpot():
+    fast = c8_rows(tpot=(1.8, 1.7, 1.9))  # the old rule (TTFT CI above TPOT CI) passed this
+    assert row(fast, report.C8_PREFIX).verdict == FAILS and fast[0].verdict == CONDITIONAL
+    checks = report.c8_checks(*c8_inputs(tpot=(1.8, 1.7, 1.9)))
+    assert "also shortened TPOT" in report.checks_text(checks)
+    assert row(c8_rows(tpot=(1.0, 0.98, 1.02)), report.C8_PREFIX).verdict == HOLDS
+    assert row(c8_rows(tpot=(1.0, 0.9, 1.1)), report.C8_PREFIX).verdict == FAILS  # CI leaves the band
+
+
+def test_stacking_check_is_one_sided():
+    above = c8_rows(stack=(1.4, 1.2, 1.6))  # stack beats the product: the old two-sided rule passed it
+    assert row(above, report.C8_STACK).verdict == FAILS
+    assert row(c8_rows(stack=(0.95, 0.8, 1.1)), report.C8_STACK).verdict == FAILS
+    assert row(c8_rows(stack=(0.6, 0.5, 0.7)), report.C8_STACK).verdict == HOLDS
+
+
+def test_sparse_check_reads_the_per_prompt_growth():
+    assert row(c8_rows(growth=1.8), report.C8_SPARSE).verdict == HOLDS
+    assert row(c8_rows(growth=1.0), report.C8_SPARSE).verdict == FAILS
+    g = sys7.sparse_growth(c8_inputs(growth=1.8)[2])
+    assert g["n"] == 10 and g["ci_low"] > 1 and (g["shortest"], g["longest"]) == (256, 2048)
+
+
+def test_below_the_minimum_n_every_check_is_inconclusive():
+    for kw in ({}, {"tpot": (1.8, 1.7, 1.9), "stack": (1.4, 1.2, 1.6), "growth": 1.0}):
+        few = c8_rows(prompts=3, requests=3, **kw)
+        assert all(r.verdict == INCONCLUSIVE for r in few), [(r.metric, r.verdict) for r in few]
     with pytest.raises(StudylibError):
         report.judge_c8({}, "c")
+
+
+def test_interaction_ci_widens_with_the_corrected_confidence():
+    base = np.array([4.0, 6.0, 5.0, 8.0, 7.0, 5.5, 6.5, 4.5, 7.5, 6.0])
+    noise = np.array([1.0, 1.1, 0.9, 1.05, 0.95, 1.02, 0.98, 1.08, 0.92, 1.0])
+    runs = fake_runs({cc.BASELINE: base.tolist(), "A": (base / 2).tolist(), "B": (base / 3 * noise).tolist(),
+                      "A + B": (base / 4 * noise[::-1]).tolist()})
+    e95 = stk.interaction(runs, "w", "A + B", ["A", "B"])
+    e99 = stk.interaction(runs, "w", "A + B", ["A", "B"], confidence=0.99)
+    assert e99["ci_low"] <= e95["ci_low"] and e95["ci_high"] <= e99["ci_high"]
+    one = stk.interaction(fake_runs({cc.BASELINE: [4.0], "A": [2.0], "B": [2.0], "A + B": [1.0]}), "w", "A + B",
+                          ["A", "B"])
+    assert math.isnan(one["ci_low"])  # one request: no CI
+
+
+def test_sparse_vs_context_measures_every_prompt_at_every_context(tiny):
+    model, _ = tiny
+    per = sys7.sparse_vs_context(model, ATT, [8, 16], steps=1, prompts=2, progress=False)
+    assert len(per) == 4 and set(per.prompt) == {0, 1} and set(per.context) == {8, 16}
+    summary = sys7.sparse_summary(per)
+    assert list(summary.context) == [8, 16] and (summary.prompts == 2).all()
+    assert sys7.sparse_growth(per)["n"] == 2
 
 
 # ------------------------------------------------------------------------- reports and anchors

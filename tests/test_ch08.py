@@ -1,4 +1,5 @@
-"""Chapter 8's bookkeeping on synthetic measurements: the C9 rule, the peer export/import, identity."""
+"""Chapter 8's bookkeeping on synthetic measurements and tiny random models: the C9 rule (by-construction
+arms never decide; the next-word task with its power), the declared rows, the peer export/import, identity."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import json
 import numpy as np
 import pandas as pd
 
-from studylib.claims import CONDITIONAL, HOLDS, check_one_decision
+from studylib import decisions
+from studylib.claims import CONDITIONAL, FAILS, HOLDS, INCONCLUSIVE, check_one_decision, corrected_confidence
 from studylib.experiments import ch08_compression as ch08
 
 
@@ -24,29 +26,140 @@ def _decode(arms, n=10, speed=None, flip=None):
     return pd.DataFrame(rows)
 
 
-def _task(arms, n=12, scale=None):
-    scale = scale or {}
-    rng = np.random.default_rng(0)
-    base = rng.uniform(0.1, 0.3, n)
-    return pd.DataFrame([{"arm": a, "doc": i, "rougeL": base[i] * scale.get(a, 1.0), "text": f"{a if a in scale else 'x'}{i}"}
-                         for a in arms for i in range(n)])
+def _words(arms, n_docs=12, words=400, keep=None, seed=0):
+    """Per arm and document, which of ``words`` words it got right: the reference ~30% right; an arm in
+    ``keep`` keeps that share of the reference's right words (and adds none), the others copy it."""
+    keep = keep or {}
+    rng = np.random.default_rng(seed)
+    ref = [rng.random(words) < 0.3 for _ in range(n_docs)]
+    out = {}
+    for a in arms:
+        if a in keep:
+            out[a] = [r & (rng.random(words) < keep[a]) for r in ref]
+        else:
+            out[a] = [r.copy() for r in ref]
+    return {"words": out, "chance": 1e-9}
+
+
+def _speed(arms, speed, n=10, confidence=0.95):
+    dec = _decode(arms, speed=speed, n=n)
+    prefill = pd.DataFrame([{"arm": a, "doc": i, "seconds": 1.0} for a in arms for i in range(n)])
+    return dec, ch08.speed_summary(dec, prefill, {a: 100.0 for a in arms}, confidence=confidence)
+
+
+def _by_metric(verdicts):
+    return {v.metric: v for v in verdicts[1:]}
+
+
+K = 6  # the configurations C9@8 declares (decisions.yaml)
+CONF = corrected_confidence(K)
 
 
 def test_c9_needs_speed_and_quality_per_format():
     arms = ["dense", "gguf", "q8_0", "bf16"]
-    dec = _decode(arms, speed={"gguf": 4.0, "q8_0": 3.5, "bf16": 1.2})
-    prefill = pd.DataFrame([{"arm": a, "doc": i, "seconds": 1.0} for a in arms for i in range(10)])
-    speed = ch08.speed_summary(dec, prefill, {a: 100.0 for a in arms})
-    task = ch08.task_summary(_task(arms, scale={"q8_0": 0.5}))
-    verdicts = ch08.judge_c9(speed, task, {"gguf": ch08.greedy_identity(dec, "gguf")}, "synthetic")
+    dec, speed = _speed(arms, {"gguf": 4.0, "q8_0": 3.5, "bf16": 1.2}, confidence=CONF)
+    task = ch08.word_task_summary(_words(arms, keep={"q8_0": 0.5}), confidence=CONF)
+    verdicts = ch08.judge_c9(speed, task, {"gguf": ch08.greedy_identity(dec, "gguf")}, "synthetic", tried=K)
     check_one_decision(verdicts)
-    decision = verdicts[0]
-    assert decision.verdict == CONDITIONAL  # gguf holds; q8_0 fails quality; bf16 fails speed
-    by_metric = {v.metric: v.verdict for v in verdicts[1:]}
-    assert by_metric["greedy output identical to dense fp32, gguf"] == HOLDS
-    assert by_metric["decode speed-up over dense fp32, same engine path, bf16"] != HOLDS
-    assert by_metric["task-score ratio (ROUGE-L, XSum; n = summaries that differ), q8_0"] != HOLDS
+    assert verdicts[0].verdict == FAILS  # gguf is not counted; q8_0 fails quality; bf16 fails speed
+    rows = _by_metric(verdicts)
+    assert rows["greedy output identical to dense fp32, gguf"].verdict == HOLDS
+    assert rows["greedy output identical to dense fp32, gguf"].by_construction
+    assert rows["decode speed-up over dense fp32, same engine path, bf16"].verdict != HOLDS
+    assert rows["next-word accuracy ratio vs dense fp32, q8_0"].verdict == FAILS
+    assert rows["next-word accuracy ratio vs dense fp32, q8_0"].confidence == CONF
+    assert rows["decode speed-up over dense fp32, same engine path, gguf"].tried == K
     assert abs(speed.set_index("arm").loc["gguf", "speedup"] - 4.0) < 1e-6
+
+
+def test_by_construction_arms_never_decide_c9():
+    """Only the arms with the reference's own weights are fast and lossless: C9 must not hold on them."""
+    arms = ["dense", "gguf", "q4_1", "q4_0", "kv_int8"]
+    dec, speed = _speed(arms, {"gguf": 3.0, "q4_1": 3.0, "q4_0": 3.0, "kv_int8": 0.9}, confidence=CONF)
+    task = ch08.word_task_summary(_words(arms, keep={"q4_0": 0.7, "kv_int8": 0.99}), confidence=CONF)
+    ids = {a: ch08.greedy_identity(dec, a) for a in ("gguf", "q4_1")}
+    verdicts = ch08.judge_c9(speed, task, ids, "synthetic", tried=K)
+    decision, rows = verdicts[0], _by_metric(verdicts)
+    assert decision.verdict in (FAILS, INCONCLUSIVE) and decision.verdict not in (HOLDS, CONDITIONAL)
+    for a in ("gguf", "q4_1"):
+        comp = rows[f"{a}: >= 2x AND >99% quality"]
+        assert comp.by_construction and comp.verdict == HOLDS  # shown, holds, not counted
+        assert a not in decision.conditions.split("holds for:")[-1].split(";")[0]
+    assert "not counted, true by construction" in decision.conditions
+    assert rows["q4_0: >= 2x AND >99% quality"].verdict == FAILS
+
+
+def test_a_lossy_arm_below_the_bar_does_not_hold_and_a_close_one_may():
+    arms = ["dense", "q8_0", "awq4"]
+    dec, speed = _speed(arms, {"q8_0": 3.0, "awq4": 3.0}, confidence=CONF)
+    # awq4 keeps 97% of the reference's right words: the whole corrected CI lies below 0.99
+    task = ch08.word_task_summary(_words(arms, n_docs=40, words=600, keep={"awq4": 0.97}), confidence=CONF)
+    row = task.set_index("arm").loc["awq4"]
+    assert row.task_ratio_high < 0.99
+    verdicts = ch08.judge_c9(speed, task, {}, "synthetic", tried=K)
+    rows = _by_metric(verdicts)
+    assert rows["next-word accuracy ratio vs dense fp32, awq4"].verdict == FAILS
+    assert rows["awq4: >= 2x AND >99% quality"].verdict == FAILS
+    assert rows["q8_0: >= 2x AND >99% quality"].verdict == HOLDS  # identical words: ratio 1, no change to see
+    assert verdicts[0].verdict == CONDITIONAL
+
+
+def test_a_quality_ci_without_power_is_inconclusive_and_says_what_would_decide():
+    arms = ["dense", "q8_0"]
+    dec, speed = _speed(arms, {"q8_0": 3.0}, confidence=CONF)
+    words = _words(["dense"], n_docs=10, words=60)
+    rng = np.random.default_rng(1)
+    words["words"]["q8_0"] = [r ^ (rng.random(r.size) < 0.05) for r in words["words"]["dense"]]
+    task = ch08.word_task_summary(words, confidence=CONF)
+    verdicts = ch08.judge_c9(speed, task, {}, "synthetic", tried=K)
+    q = _by_metric(verdicts)["next-word accuracy ratio vs dense fp32, q8_0"]
+    assert q.verdict == INCONCLUSIVE and "no power" in q.conditions
+    assert q.power["mdc"] > 0.01 and q.power["n_needed"] > 10
+    assert verdicts[0].verdict == INCONCLUSIVE
+    text = ch08.verdict_text(verdicts)
+    assert f"about {q.power['n_needed']} documents" in text
+    assert f"about {q.power['n_needed']} documents" in ch08.task_text(task)
+
+
+def test_rows_match_the_committed_declaration():
+    """Every row judge_c9 makes passes decisions.stamp against notebooks/params/decisions.yaml (C9@8)."""
+    assert ch08.competing() == K
+    arms = ["dense", "dense_perop", "bf16", "gguf", "gguf+bf16prefill", "q8_0", "q4_1", "q4_0", "awq4", "kv_int8"]
+    dec, speed = _speed(arms, {"gguf": 3.0, "q4_1": 3.0, "q8_0": 2.5, "gguf+bf16prefill": 3.0, "q4_0": 3.2,
+                               "awq4": 3.2}, confidence=CONF)
+    task = ch08.word_task_summary(_words([a for a in arms if a != "dense_perop"], keep={"q4_0": 0.8, "awq4": 0.9}),
+                                  confidence=CONF)
+    ids = {a: ch08.greedy_identity(dec, a) for a in ("gguf", "q4_1")}
+    verdicts = ch08.judge_c9(speed, task, ids, "synthetic")  # tried: as declared
+    stamped = decisions.stamp(verdicts, 8)
+    assert len(stamped) == 1 + 8 * 3  # the decision, then per format its composite, speed and quality rows
+    comps = [v for v in stamped if ": >= " in v.metric]
+    assert {v.metric.split(":")[0] for v in comps if v.by_construction} == {"gguf", "q4_1"}
+
+
+def test_quality_pass_scores_words_on_tiny_models():
+    """One teacher-forced pass per arm and document also scores the next-word task: the same model under
+    two names scores the same words; a re-quantised one is paired item by item with the reference."""
+    from studylib.eval.lastword import word_spans
+    from studylib.models import load_model
+
+    dense, tok = load_model("tiny-random")
+    q4, _ = load_model("tiny-random", weights="q4_0")
+    texts = ["The cat sat on the mat and looked at the dog. Then the dog ran away into the park.",
+             "A small model reads every word of this text, one token at a time, and guesses the next one."]
+    docs = [tok(t)["input_ids"][:64] for t in texts]
+    q = ch08.quality_runs({"dense": dense, "gguf": dense, "q4_0": q4}, docs, tokenizer=tok, progress=False)
+    assert set(q["words"]) == {"dense", "gguf", "q4_0"}
+    for d, ids in enumerate(docs):
+        n = len(word_spans(tok, ids))
+        assert n > 5 and all(len(q["words"][a][d]) == n for a in q["words"])
+        assert (q["words"]["gguf"][d] == q["words"]["dense"][d]).all()
+    task = ch08.word_task_summary(q, confidence=CONF).set_index("arm")
+    assert task.loc["gguf", "discordant"] == 0 and task.loc["dense", "words"] == sum(
+        len(word_spans(tok, ids)) for ids in docs)
+    assert 0 <= q["chance"] < 1e-3
+    qs = ch08.quality_summary(q).set_index("arm")
+    assert qs.loc["gguf", "kl_mean"] == 0 and qs.loc["q4_0", "kl_mean"] > 0
 
 
 def test_per_op_arms_are_timed_against_the_per_op_reference():
@@ -56,12 +169,6 @@ def test_per_op_arms_are_timed_against_the_per_op_reference():
     speed = ch08.speed_summary(dec, prefill, {}).set_index("arm")
     assert speed.loc["kv_int8", "baseline"] == "dense_perop" and abs(speed.loc["kv_int8", "speedup"] - 1) < 1e-6
     assert speed.loc["gguf", "baseline"] == "dense" and abs(speed.loc["gguf", "speedup"] - 4) < 1e-6
-
-
-def test_identical_summaries_do_not_count_as_evidence():
-    task = _task(["dense", "q8_0"], scale={})  # q8_0 writes the reference's text on every document
-    row = ch08.task_summary(task).set_index("arm").loc["q8_0"]
-    assert row.n_differ == 0 and row.estimate.n == 0
 
 
 def test_identity_reports_flips_where_they_start():
@@ -99,3 +206,24 @@ def test_exact_arms_are_those_with_the_reference_weights_and_arithmetic():
                        [("dense", 0.0), ("dense_perop", 0.0), ("gguf", 0.0), ("gguf+bf16prefill", 0.0),
                         ("q8_0", 0.005), ("kv_int8", 0.0), ("awq4", None)]])
     assert ch08.exact_arms(fp) == ["gguf"]
+
+
+def test_scope_text_says_what_this_model_lets_the_chapter_measure():
+    fp = pd.DataFrame([{"arm": a, "weight_rel_error": e, "bits_per_weight": b} for a, e, b in
+                       [("dense", 0.0, 32.0), ("gguf", 0.0, 5.7), ("q4_1", 0.0, 5.7), ("q4_0", 0.02, 5.3),
+                        ("kv_int8", 0.0, 32.0)]])
+    text = ch08.scope_text(fp, "smollm2-135m")
+    assert "distributed in 4-bit" in text and "cannot be measured" in text
+    assert "`gguf` and `q4_1` hold exactly" in text and "(`q4_0` and `kv_int8`): these arms decide C9" in text
+    other = ch08.scope_text(fp[fp.arm.isin(["dense", "q4_0"])], "tiny-random")
+    assert "4-bit" not in other and "No arm in this run holds exactly" in other
+
+
+def test_judge_refuses_cis_at_the_wrong_confidence():
+    import pytest
+
+    arms = ["dense", "q8_0"]
+    _, speed = _speed(arms, {"q8_0": 3.0})  # 95%, but 6 configurations compete
+    task = ch08.word_task_summary(_words(arms), confidence=CONF)
+    with pytest.raises(ValueError, match="corrected_confidence"):
+        ch08.judge_c9(speed, task, {}, "synthetic", tried=K)

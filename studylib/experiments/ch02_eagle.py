@@ -19,6 +19,7 @@ import torch
 
 from studylib.bench.stats import estimate, ratio_estimate
 from studylib.experiments.ch02_peers import TREE_ONLY
+from studylib.workbook import illustration as ill
 from studylib.workbook.tables import why_not_measured
 
 
@@ -146,8 +147,9 @@ def per_position(df: pd.DataFrame, results: dict) -> pd.DataFrame:
 
 
 def acceptance_by_depth(positions: pd.DataFrame) -> pd.DataFrame:
-    """``per_position`` as a table: one row per depth, one column per method (3 decimals)."""
-    table = positions.pivot(index="depth", columns="method", values="acceptance").round(3)
+    """``per_position`` as a table: one row per depth, one column per method (3 decimals); an illustration's
+    label (``tree_sweep`` on too few prompts) carries over."""
+    table = ill.carry(positions, positions.pivot(index="depth", columns="method", values="acceptance").round(3))
     return why_not_measured(table, **{str(m): "this tree has no level this deep, or no step reached the level "
                                                "above it" for m in table.columns})
 
@@ -156,7 +158,8 @@ def tree_sweep(runner, prompts: Sequence, specs: Sequence[str], max_new_tokens: 
                cost_model: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Chain and trees on the same prompts, arms interleaved with AR: per spec the measured tau (tokens
     per target forward), c, v, predicted and measured speedup, and the accelerator model (v = 1,
-    c = weights ratio) at the same tau. Returns (table, per-position acceptance)."""
+    c = weights ratio) at the same tau. Returns (table, per-position acceptance); on fewer than ``MIN_UNITS``
+    prompts both are illustrations (``studylib.workbook.illustration``): no CI columns, labelled with n."""
     from studylib.decoding.eagle import TreeSpec
     from studylib.experiments.ch02_speculative import parse_spec, run_methods
 
@@ -181,7 +184,8 @@ def tree_sweep(runner, prompts: Sequence, specs: Sequence[str], max_new_tokens: 
             "model_accelerator_speedup": k.tau / (1.0 + k.draft_forwards_per_step * c_model),
         })
     pos = per_position(df, {s: results[s] for s in specs})
-    return pd.DataFrame(rows), pos
+    n = int(df.prompt.nunique())
+    return ill.illustration(pd.DataFrame(rows), n, "prompts"), ill.illustration(pos, n, "prompts")
 
 
 def engine_costs(df: pd.DataFrame) -> pd.DataFrame:
@@ -225,6 +229,10 @@ def tree_long(sweep: pd.DataFrame) -> pd.DataFrame:
 def explain_trees(sweep: pd.DataFrame) -> str:
     if sweep.empty:
         return "No tree was run in this profile."
+    n = int(sweep.prompts.min()) if "prompts" in sweep else None
+    if n is not None and ill.is_illustration(n):
+        return (f"The chain and tree comparison is {ill.sentence(n)}: the table and figure show what was measured "
+                f"on {'that prompt' if n == 1 else 'those prompts'}, and no shape is picked from them.")
     best = sweep.loc[sweep.speedup.idxmax()]
     lines = [f"The fastest shape here is {best.method} ({best['shape']}, {int(best.verify_tokens)} tokens verified per "
              f"step): {best.speedup:.2f}x AR [{best.speedup_lo:.2f}, {best.speedup_hi:.2f}] with tau = {best.tau:.2f} "
@@ -246,21 +254,22 @@ def explain_trees(sweep: pd.DataFrame) -> str:
 
 def eagle_aims(by_workload: pd.DataFrame, spec: str, on_gguf: pd.DataFrame | None = None) -> pd.DataFrame:
     """The EAGLE aims, measured: >= 2.5 tokens per target forward on chat; >= 1.5x our AR on chat on the
-    dense fp32 engine and on the GGUF engine. "met" needs the CI's low end at or above the aim."""
+    dense fp32 engine and on the GGUF engine. "met" needs the CI's low end at or above the aim; a row read off
+    fewer than ``MIN_UNITS`` prompts is an illustration and is not judged."""
+    from studylib.experiments.ch02_speculative import _n, aims_table
+
     rows = []
     r = by_workload[(by_workload.method == spec) & (by_workload.workload == "chat")]
     if len(r):
         r = r.iloc[0]
-        rows.append({"aim": f"{spec} on chat >= 2.5 tokens per target forward", "measured": r.tokens_per_step,
-                     "ci": f"[{r.tokens_per_step_lo:.2f}, {r.tokens_per_step_hi:.2f}]",
-                     "met": bool(r.tokens_per_step_lo >= 2.5)})
-        rows.append({"aim": f"{spec} on chat >= 1.5x our AR (dense fp32 engine)", "measured": r.speedup,
-                     "ci": f"[{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]", "met": bool(r.speedup_lo >= 1.5)})
+        rows.append(ill.aim_row(f"{spec} on chat >= 2.5 tokens per target forward", r.tokens_per_step,
+                                r.tokens_per_step_lo, r.tokens_per_step_hi, 2.5, _n(r)))
+        rows.append(ill.aim_row(f"{spec} on chat >= 1.5x our AR (dense fp32 engine)", r.speedup, r.speedup_lo,
+                                r.speedup_hi, 1.5, _n(r)))
     if on_gguf is not None:
         g = on_gguf[(on_gguf.method == spec)]
         if len(g):
             g = g.iloc[0]
-            rows.append({"aim": f"{spec} on chat >= 1.5x our AR (gguf engine, AR on the same engine)",
-                         "measured": g.speedup, "ci": f"[{g.speedup_lo:.2f}, {g.speedup_hi:.2f}]",
-                         "met": bool(g.speedup_lo >= 1.5)})
-    return pd.DataFrame(rows)
+            rows.append(ill.aim_row(f"{spec} on chat >= 1.5x our AR (gguf engine, AR on the same engine)",
+                                    g.speedup, g.speedup_lo, g.speedup_hi, 1.5, _n(g)))
+    return aims_table(pd.DataFrame(rows))

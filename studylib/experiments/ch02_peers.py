@@ -27,6 +27,7 @@ from studylib.bench.stats import ratio_estimate
 from studylib.experiments.ch02_speculative import Prompt, Runner
 from studylib.progress import progress_bar
 from studylib.sampling import SamplingParams, probs, sample_from
+from studylib.workbook import illustration as ill
 from studylib.workbook.tables import why_not_measured
 
 # ------------------------------------------------------------------------------------------- HF peers
@@ -90,7 +91,8 @@ def hf_peer_summary(df: pd.DataFrame, gamma: int, ngram: int, pld_gamma: int | N
                     extra: Sequence[str] = ()) -> pd.DataFrame:
     """Paired ratios: each of ours over the HF peer configured the same way (> 1: ours is faster),
     and each method's speedup over its own implementation's AR. ``extra`` methods are set against HF's
-    assisted generation with our distilled draft (the strongest HF speculative peer here)."""
+    assisted generation with our distilled draft (the strongest HF speculative peer here). On fewer than
+    ``MIN_UNITS`` prompts the table is an illustration (``studylib.workbook.illustration``): no CI columns."""
     pld_gamma = gamma if pld_gamma is None else pld_gamma
     pairs = [("ar", "hf:ar"), (f"sps:distilled:full@{gamma}", f"hf:assisted@{gamma}"),
              (f"pld@{pld_gamma},{ngram}", f"hf:pld@{pld_gamma},{ngram}"),
@@ -102,10 +104,11 @@ def hf_peer_summary(df: pd.DataFrame, gamma: int, ngram: int, pld_gamma: int | N
         r = ratio_estimate(wide[peer].values, wide[ours].values)
         own = ratio_estimate(wide["ar"].values, wide[ours].values)
         hf_own = ratio_estimate(wide["hf:ar"].values, wide[peer].values)
-        rows.append({"ours": ours, "peer": peer, "ours_over_peer": r.value, "lo": r.ci_low, "hi": r.ci_high,
+        rows.append({"ours": ours, "peer": peer, "prompts": len(wide), "ours_over_peer": r.value, "lo": r.ci_low,
+                     "hi": r.ci_high,
                      "ours_vs_our_ar": own.value, "peer_vs_hf_ar": hf_own.value,
                      "ours_exact": float(eq[ours]), "peer_equal_to_our_ar": float(eq[peer])})
-    return pd.DataFrame(rows)
+    return ill.illustration(pd.DataFrame(rows), len(wide), "prompts")
 
 
 # ------------------------------------------------------------------------------------------- sampling

@@ -27,7 +27,8 @@ from studylib.decoding.speculative import expected_tokens
 from studylib.models import LlamaModel
 from studylib.progress import progress_bar
 from studylib.sampling import SamplingParams
-from studylib.workbook.tables import why_not_measured
+from studylib.workbook import illustration as ill
+from studylib.workbook.tables import CAPTION_KEY, why_not_measured
 
 CHAPTER = 2
 
@@ -270,7 +271,14 @@ def specbench_table(df: pd.DataFrame) -> pd.DataFrame:
     wide["alpha"] = overall.alpha.reindex(wide.index).round(3)
     wide["exact match vs AR"] = overall.exact_match.reindex(wide.index).round(3)
     order = [m for m in dict.fromkeys(df.method)]
-    return why_not_measured(wide.loc[order].reset_index(), alpha=NO_DRAFT)
+    out = why_not_measured(wide.loc[order].reset_index(), alpha=NO_DRAFT)
+    per = df.groupby("category").prompt.nunique()
+    if len(per) > 1 and ill.is_illustration(per.min()):
+        # The overall column rests on every prompt; a category's column on its own few.
+        few = ill.units(per.min()) if per.min() == per.max() else f"{per.min()}-{per.max()} prompts"
+        out.attrs[CAPTION_KEY] = (f"Per-category columns: illustrations (n = {few} each): too few to "
+                                  f"conclude, no CI is shown; the overall CI rests on {df.prompt.nunique()} prompts")
+    return out
 
 
 # ------------------------------------------------------------------------------------------- theory
@@ -279,7 +287,8 @@ def specbench_table(df: pd.DataFrame) -> pd.DataFrame:
 def gamma_sweep(runner: Runner, prompts: Sequence[Prompt], draft: str, gammas: Sequence[int],
                 max_new_tokens: int, temperature: float = 0.0) -> pd.DataFrame:
     """Leviathan et al. Table 4 style: per gamma, measured alpha, tokens per step and speedup beside
-    the theory (1 - a^(g+1)) / (1 - a) and the predicted speedup with measured costs.
+    the theory (1 - a^(g+1)) / (1 - a) and the predicted speedup with measured costs. Below
+    ``MIN_UNITS`` prompts the sweep is an illustration (``studylib.workbook.illustration``): no CI columns.
 
     Costs are measured in the same runs, relative to one AR decode step t_ar: c = draft forward / t_ar and
     v(g) = verify forward of g + 1 tokens / t_ar. Leviathan's model assumes v = 1 (verification as cheap
@@ -296,13 +305,13 @@ def gamma_sweep(runner: Runner, prompts: Sequence[Prompt], draft: str, gammas: S
         v = float(d.verify_s.sum() / max(d.steps.sum(), 1)) / t_ar
         sp = ratio_estimate(ar_rows.loc[d.prompt].s_per_token.values, d.s_per_token.values)
         rows.append({
-            "gamma": g, "alpha": a, "tokens_per_step": float(d.accepted.sum() + d.steps.sum()) / max(d.steps.sum(), 1),
+            "gamma": g, "prompts": int(d.prompt.nunique()), "alpha": a, "tokens_per_step": float(d.accepted.sum() + d.steps.sum()) / max(d.steps.sum(), 1),
             "theory_tokens_per_step": expected_tokens(a, g), "c": c, "v": v,
             "predicted_speedup_leviathan": expected_tokens(a, g) / (1 + g * c),
             "predicted_speedup_measured_v": expected_tokens(a, g) / (g * c + v),
             "speedup": sp.value, "speedup_lo": sp.ci_low, "speedup_hi": sp.ci_high,
         })
-    return pd.DataFrame(rows)
+    return ill.illustration(pd.DataFrame(rows), len(prompts), "prompts")
 
 
 def theory_long(sweep: pd.DataFrame) -> pd.DataFrame:
@@ -327,21 +336,34 @@ def anchors_frame(summary_all: pd.DataFrame | None = None, model: str = "", hard
     return pd.DataFrame(rows)
 
 
+def _n(r) -> int | None:
+    n = getattr(r, "prompts", None)
+    return None if n is None or pd.isna(n) else int(n)
+
+
 def performance_aim(by_workload: pd.DataFrame, pld: str, sps: str, peers: pd.DataFrame | None = None) -> pd.DataFrame:
     """The study's performance targets, measured, not asserted: PLD >= 2x AR on XSum; the distilled draft >= 1.5x AR on
-    chat; both faster than the HF peer configured the same way (from ``hf_peer_summary``)."""
+    chat; both faster than the HF peer configured the same way (from ``hf_peer_summary``). A target read off fewer
+    than ``MIN_UNITS`` prompts is an illustration: its row shows the value, no CI, and "met" is left empty."""
     rows = []
     for method, workload, target in ((pld, "xsum", 2.0), (sps, "chat", 1.5)):
         r = by_workload[(by_workload.method == method) & (by_workload.workload == workload)]
         if len(r):
             r = r.iloc[0]
-            rows.append({"aim": f"{method} on {workload} >= {target}x our AR", "measured": r.speedup,
-                         "ci": f"[{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]", "met": bool(r.speedup_lo >= target)})
+            rows.append(ill.aim_row(f"{method} on {workload} >= {target}x our AR", r.speedup, r.speedup_lo,
+                                    r.speedup_hi, target, _n(r)))
     if peers is not None and len(peers):
         for r in peers.itertuples():
-            rows.append({"aim": f"{r.ours} faster than {r.peer}", "measured": r.ours_over_peer,
-                         "ci": f"[{r.lo:.2f}, {r.hi:.2f}]", "met": bool(r.lo > 1.0)})
-    return pd.DataFrame(rows)
+            rows.append(ill.aim_row(f"{r.ours} faster than {r.peer}", r.ours_over_peer, getattr(r, "lo", None),
+                                    getattr(r, "hi", None), 1.0, _n(r), strict=True))
+    return aims_table(pd.DataFrame(rows))
+
+
+def aims_table(*frames: pd.DataFrame) -> pd.DataFrame:
+    """Aim rows of several frames in one table; when a row is not judged (an illustration), the note says why."""
+    out = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else \
+        pd.DataFrame(columns=["aim", "measured", "ci", "met"])
+    return why_not_measured(out, met=ill.NOT_JUDGED) if out.met.isna().any() else out
 
 
 def c3_verdicts(by_workload: pd.DataFrame, headline: str, sampling: pd.DataFrame | None,
@@ -355,8 +377,12 @@ def c3_verdicts(by_workload: pd.DataFrame, headline: str, sampling: pd.DataFrame
 
     s = by_workload[by_workload.method != "ar"]
     exact = {f"{r.method} on {r.workload} ({r.prompts} prompts)": r.exact_match == 1.0 for r in s.itertuples()}
+    # the units are prompts: each method was compared with AR on every prompt of every workload, and the
+    # fewest prompts any method saw is the n (one differing prompt anywhere decides "does not hold")
+    per_method = s.groupby("method")["prompts"].sum()
     parts = [judge_checks("C3", "greedy output token-identical to AR (every method, prompt)", exact,
-                          "lossless (\"without losing coherence\")", conditions, CHAPTER)]
+                          "lossless (\"without losing coherence\")", conditions, CHAPTER,
+                          n=int(per_method.min()) if len(per_method) else 0, unit="prompts")]
     if sampling is not None and len(sampling):
         checks = {f"{r.sampler}: {'rejected' if r.expect_reject else 'accepted'} as expected": r.as_expected
                   for r in sampling.itertuples()}
@@ -421,21 +447,36 @@ def explain_greedy(by_workload: pd.DataFrame, headline: str, pld: str) -> str:
                                                  "; any cell below 1.0 is a bug to investigate."))
     for w in dict.fromkeys(by_workload.workload):
         b = _best(by_workload, w)
-        if b is not None:
+        n = int(by_workload[by_workload.workload == w].prompts.min())
+        if b is not None and ill.is_illustration(n):
+            s = by_workload[(by_workload.workload == w) & (by_workload.method != "ar")]
+            lines.append(f"On {w}, {ill.sentence(n)}, the methods ran at {s.speedup.min():.2f}-"
+                         f"{s.speedup.max():.2f}x AR.")
+        elif b is not None:
             verdict = "faster than" if b.speedup_lo > 1 else ("not clearly different from" if b.speedup_hi >= 1
                                                              else "slower than")
             lines.append(f"On {w} the best method is {b.method} at {b.speedup:.2f}x "
                          f"[{b.speedup_lo:.2f}, {b.speedup_hi:.2f}], {verdict} AR, with {b.tokens_per_step:.2f} "
                          "tokens per target step.")
     p = by_workload[by_workload.method == pld]
-    if len(p):
+    if len(p) and not ill.is_illustration(int(p.prompts.min())):
         hi = p.loc[p.tokens_per_step.idxmax()]
         lines.append(f"Prompt lookup commits most per step on {hi.workload} ({hi.tokens_per_step:.2f} tokens), "
                      "where the output copies the input.")
     return " ".join(lines)
 
 
+def _sweep_n(sweep: pd.DataFrame) -> int | None:
+    """The prompts the gamma sweep ran on (None for a frame without the column)."""
+    return int(sweep.prompts.min()) if "prompts" in sweep and len(sweep) else None
+
+
 def explain_sweep(sweep: pd.DataFrame) -> str:
+    n = _sweep_n(sweep)
+    if n is not None and ill.is_illustration(n):
+        return (f"The gamma sweep is {ill.sentence(n)}: the table shows what was measured on "
+                f"{'that prompt' if n == 1 else 'those prompts'}, beside the theory, and no gamma or prediction is "
+                "picked from it.")
     best = sweep.loc[sweep.speedup.idxmax()]
     gap = (sweep.tokens_per_step - sweep.theory_tokens_per_step).abs().max()
     lev = (sweep.predicted_speedup_leviathan - sweep.speedup).abs().mean()
@@ -451,13 +492,21 @@ def explain_sweep(sweep: pd.DataFrame) -> str:
 def explain_aims(aims: pd.DataFrame, sweep: pd.DataFrame | None = None) -> str:
     if aims.empty:
         return "No aim could be evaluated with this profile's workloads."
-    met = aims[aims.met]
-    missed = aims[~aims.met]
-    text = f"{len(met)} of {len(aims)} aims met."
+    judged = aims[aims.met.notna()]
+    met = judged[judged.met.astype(bool)]
+    missed = judged[~judged.met.astype(bool)]
+    if judged.empty:
+        return (f"No aim is judged: all {len(aims)} are illustrations on too few prompts to conclude (the table "
+                "gives n).")
+    text = f"{len(met)} of {len(judged)} aims met."
+    if len(judged) < len(aims):
+        text += (f" {len(aims) - len(judged)} more {'is' if len(aims) - len(judged) == 1 else 'are'} not judged: "
+                 "illustrations on too few prompts to conclude (the table gives n).")
     if len(missed):
         text += (" Missed: " + "; ".join(f"{r.aim} (measured {r.measured:.2f} {r.ci})" for r in missed.itertuples())
                  + ".")
-        if sweep is not None and len(sweep):
+        n = None if sweep is None else _sweep_n(sweep)
+        if sweep is not None and len(sweep) and not (n is not None and ill.is_illustration(n)):
             text += (f" The gamma sweep shows where the gain goes on this machine: a draft forward costs "
                      f"c = {sweep.c.median():.2f} AR steps and verifying gamma + 1 tokens v = {sweep.v.min():.2f}-"
                      f"{sweep.v.max():.2f} steps (Leviathan's analysis assumes v = 1), against "

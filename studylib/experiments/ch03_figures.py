@@ -11,6 +11,7 @@ import pandas as pd
 import seaborn as sns
 
 from studylib import plots
+from studylib.workbook import illustration as ill
 
 
 def _label(method: str) -> str:
@@ -46,10 +47,11 @@ def explain_speed(summary: pd.DataFrame, headline: str) -> str:
     h = summary[summary.method == headline]
     if h.empty:
         return f"No rows for the headline method {headline!r}."
-    if int(h.prompts.min()) < 2:
+    n = int(h.prompts.min())
+    if ill.is_illustration(n):
         return (f"**{_label(headline)}** commits {h.compression.min():.2f}-{h.compression.max():.2f} tokens per "
-                f"target forward and runs at {h.speedup.min():.2f}-{h.speedup.max():.2f}x AR's wall-clock speed "
-                "(one prompt per workload: no confidence interval, read it as a smoke test).")
+                f"target forward and runs at {h.speedup.min():.2f}-{h.speedup.max():.2f}x AR's wall-clock speed: "
+                f"{ill.sentence(n, per='workload')}, so no interval is given and nothing is concluded about speed.")
     faster = h[h.speedup_lo > 1.0].workload.tolist()
     slower = h[h.speedup_hi < 1.0].workload.tolist()
     parts = [f"**{_label(headline)}** commits {h.compression.min():.2f}-{h.compression.max():.2f} tokens per "
@@ -66,7 +68,7 @@ def explain_speed(summary: pd.DataFrame, headline: str) -> str:
 
 
 def plot_sweep(sweep: pd.DataFrame, value: str = "speedup") -> plt.Figure:
-    """One heat map of ``value`` over (W, N) per guess-set size G."""
+    """One heat map of ``value`` over (W, N) per guess-set size G; an illustration's n in the titles."""
     gs = sorted(sweep.G.unique())
     fig, axes = plt.subplots(1, len(gs), figsize=(3.6 * len(gs) + 1, 3.2), squeeze=False)
     vmax = max(float(sweep[value].max()), 1.01)
@@ -75,13 +77,17 @@ def plot_sweep(sweep: pd.DataFrame, value: str = "speedup") -> plt.Figure:
         grid = sweep[sweep.G == g].pivot_table(index="N", columns="W", values=value)
         sns.heatmap(grid, annot=True, fmt=".2f", cmap="RdBu", center=1.0, vmin=vmin, vmax=vmax, ax=ax,
                     cbar=ax is axes[0][-1])
-        ax.set_title(f"{value}, G={g}")
+        ax.set_title(ill.title_for(f"{value}, G={g}", sweep))
         ax.invert_yaxis()
     fig.tight_layout()
     return plots.tidy(fig)
 
 
 def explain_sweep(sweep: pd.DataFrame) -> str:
+    n = int(sweep.prompts.min()) if "prompts" in sweep and len(sweep) else None
+    if n is not None and ill.is_illustration(n):
+        return (f"The sweep is {ill.sentence(n)}: the heat maps show what was measured on "
+                f"{'that prompt' if n == 1 else 'those prompts'}, and no setting is picked from them.")
     by_c = sweep.loc[sweep.compression.idxmax()]
     by_s = sweep.loc[sweep.speedup.idxmax()]
     same = by_c.method == by_s.method
@@ -171,13 +177,14 @@ def explain_trajectory(conv: pd.DataFrame, block: int) -> str:
     n = len(conv)
     iters = int((conv.groupby("block").committed.max()).sum()) if n else 0
     early = int((conv.first_correct < conv.committed).sum())
-    text = (f"{n} positions in {conv.block.nunique()} blocks of up to {block} took {iters} Jacobi iterations "
+    text = (f"On this one prompt ({ill.sentence(1)}; it shows the mechanism), {n} positions in "
+            f"{conv.block.nunique()} blocks of up to {block} took {iters} Jacobi iterations "
             f"({n / max(iters, 1):.2f} tokens per iteration; AR takes one per forward). ")
     if early:
         text += (f"{early} positions held the right token before they could be committed: they waited only for "
-                 "the positions before them to settle, and that early agreement is what Jacobi decoding gains from.")
+                 "the positions before them to settle. Such early agreement is all Jacobi decoding can gain from.")
     else:
         text += ("No position was right before its turn: each iteration fixed exactly the next token, AR's pace "
-                 "at a block's cost. A model not trained for it rarely guesses later tokens from wrong earlier "
-                 "ones, which is why CLLMs fine-tune for this fixed point.")
+                 "at a block's cost. Jacobi decoding gains only when later guesses are right early, which is what "
+                 "CLLMs fine-tune a model for (Kou et al. 2024).")
     return text

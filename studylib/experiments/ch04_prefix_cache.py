@@ -5,6 +5,9 @@ Every workload runs twice, request by request, through ``PrefixCachedDecoder``: 
 sharing). The two arms alternate per request, so machine noise hits both alike and TTFT ratios pair
 up. Hit-rate vs. pool-size curves replay the recorded token sequences through the real tree
 without the model (``studylib.kvcache.replay``), which is exact because hits depend only on tokens.
+Below the working set the radix cache's LRU is judged against a clairvoyant reference replayed on
+the same trace and pool (``studylib.kvcache.belady``: Belady's farthest-next-use rule under the tree
+and lock constraints), not against the never-evicting optimum, which no pool that small can reach.
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from studylib.bench.stats import ratio_estimate
+from studylib.bench.stats import Estimate, ratio_estimate
 from studylib.decoding import ar
 from studylib.decoding.common import eos_set
+from studylib.kvcache.belady import Trace
 from studylib.kvcache.prefix_generate import PrefixCachedDecoder
-from studylib.kvcache.replay import replay_hits, working_set_blocks
+from studylib.kvcache.replay import compare_policies, min_pool_blocks, replay_hits, working_set_blocks
 from studylib.progress import progress_bar
 from studylib.workbook.tables import why_not_measured
 from studylib.workloads.prefix import PrefixWorkload, make_workload, optimal_hits
@@ -151,24 +155,106 @@ def ttft_tpot_frame(summary: pd.DataFrame) -> pd.DataFrame:
     })
 
 
-def pool_curve(df: pd.DataFrame, block_size: int, fractions: Sequence[float]) -> pd.DataFrame:
-    """Hit rate (and its ratio to the never-evicting optimum) vs. pool size, as a fraction of the working set."""
+def ratio_of_sums(num: Sequence[float], den: Sequence[float], *, seed: int = 0, confidence: float = 0.95,
+                  resamples: int = 2000) -> Estimate:
+    """sum(num) / sum(den) over paired per-request values, with a percentile bootstrap CI that resamples
+    requests (both arms together). Resamples whose denominator is 0 are dropped. The trace is fixed
+    (the replay is deterministic), so the CI says how much the ratio depends on which requests ran."""
+    a, b = np.asarray(num, float), np.asarray(den, float)
+    point = float(a.sum() / b.sum()) if b.sum() > 0 else float("nan")
+    per = [float(x / y) for x, y in zip(a, b, strict=True) if y > 0]
+    if a.size < 2 or not b.sum() > 0:
+        return Estimate(point, float("nan"), float("nan"), int(a.size), per)
+    idx = np.random.default_rng(seed).integers(0, a.size, size=(resamples, a.size))
+    top, bottom = a[idx].sum(axis=1), b[idx].sum(axis=1)
+    boots = top[bottom > 0] / bottom[bottom > 0]
+    tail = 100 * (1 - confidence) / 2
+    lo, hi = np.percentile(boots, [tail, 100 - tail])
+    return Estimate(point, float(lo), float(hi), int(a.size), per)
+
+
+def pool_curve(df: pd.DataFrame, block_size: int, fractions: Sequence[float],
+               capacity_tokens: int | None = None) -> pd.DataFrame:
+    """Per workload and pool size (``fractions`` of the working set, plus the measured pool when
+    ``capacity_tokens`` is given): hits under the radix cache's LRU, under the clairvoyant Belady
+    reference (``studylib.kvcache.belady``) and under the never-evicting optimum, and the ratio
+    "hit / Belady" with a bootstrap CI over requests (``ratio_of_sums``)."""
     rows = []
     for name, w in df.groupby("workload", sort=False):
-        if name not in SHARING:
-            continue
         seqs = _sequences(w)
+        trace = Trace(seqs, block_size)
         ws = working_set_blocks(seqs, block_size)
-        floor = max(-(-(len(p) + len(o)) // block_size) for p, o in seqs)  # the largest request must fit
-        best = replay_hits(seqs, block_size=block_size, num_blocks=ws)["hit_tokens"]
-        for f in fractions:
-            nb = max(int(round(f * ws)), floor)
-            r = replay_hits(seqs, block_size=block_size, num_blocks=nb)
-            rows.append({"workload": name, "fraction of working set": nb / ws, "pool blocks": nb,
-                         "pool tokens": nb * block_size, "hit rate": r["hit_rate"],
-                         "hit / optimal": r["hit_tokens"] / best if best else float("nan"),
-                         "evicted blocks": r["evicted_blocks"], "working set blocks": ws})
-    return pd.DataFrame(rows).drop_duplicates(["workload", "pool blocks"])
+        floor = min_pool_blocks(seqs, block_size)  # the largest request must fit
+        best = replay_hits(seqs, block_size=block_size, num_blocks=max(ws, floor))  # never evicts
+        sizes = {max(int(round(f * ws)), floor): False for f in fractions}
+        if capacity_tokens:
+            sizes[max(-(-int(capacity_tokens) // block_size), floor)] = True
+        for nb, measured in sorted(sizes.items()):
+            r = compare_policies(trace, block_size=block_size, num_blocks=nb)
+            lru, bel = r["lru"], r["belady"]
+            ratio = ratio_of_sums(lru["hits"], bel["hits"])
+            opt = best["hit_tokens"]
+            rows.append({
+                "workload": name, "shares prefixes": name in SHARING, "fraction of working set": nb / ws,
+                "pool blocks": nb, "pool tokens": nb * block_size, "working set blocks": ws,
+                "measured pool": measured, "requests": len(seqs),
+                "hit rate": lru["hit_rate"], "Belady hit rate": bel["hit_rate"], "optimal hit rate": best["hit_rate"],
+                "hit / Belady": ratio.value, "hit / Belady CI": (ratio.ci_low, ratio.ci_high),
+                "hit / optimal": lru["hit_tokens"] / opt if opt else float("nan"),
+                "Belady / optimal": bel["hit_tokens"] / opt if opt else float("nan"),
+                "hit tokens": lru["hit_tokens"], "Belady hit tokens": bel["hit_tokens"], "optimal hit tokens": opt,
+                "evicted blocks": lru["evicted_blocks"], "Belady evicted blocks": bel["evicted_blocks"],
+                "LRU hits per request": lru["hits"], "Belady hits per request": bel["hits"],
+            })
+    return pd.DataFrame(rows)
+
+
+def curve_table(curve: pd.DataFrame) -> pd.DataFrame:
+    """The pool-size curve as a table: hit rates under each policy and LRU's share of Belady's hits."""
+    c = curve.copy()
+    c["hit / Belady [95% CI]"] = [
+        "n/a (no hit possible)" if not np.isfinite(v) else
+        f"{v:.3f} [{lo:.3f}, {hi:.3f}]" if np.isfinite(lo) else f"{v:.3f} (no CI)"
+        for v, (lo, hi) in zip(c["hit / Belady"], c["hit / Belady CI"], strict=True)]
+    cols = ["workload", "pool blocks", "fraction of working set", "measured pool", "requests", "hit rate",
+            "Belady hit rate", "optimal hit rate", "hit / Belady [95% CI]", "Belady / optimal", "evicted blocks",
+            "Belady evicted blocks"]
+    return c[cols].rename(columns={"hit rate": "LRU hit rate", "evicted blocks": "LRU evicted blocks",
+                                   "optimal hit rate": "never-evicting hit rate"})
+
+
+def curve_figure(curve: pd.DataFrame):
+    """Left: hit rate vs pool size under LRU (solid) and Belady (dashed). Right: LRU / Belady with its CI."""
+    import matplotlib.pyplot as plt
+
+    from studylib import plots
+    from studylib.workbook import illustration as ill
+
+    c = curve[curve["Belady hit tokens"] > 0]
+    # A measured pool far above the working set adds nothing (ratio 1) and would stretch the x axis.
+    span = c[~c["measured pool"]]["fraction of working set"].max() if (~c["measured pool"]).any() else np.inf
+    c = c[~c["measured pool"] | (c["fraction of working set"] <= span)]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
+    pal = plots.palette(c.workload)
+    for name, g in c.groupby("workload", sort=False):
+        g = g.sort_values("fraction of working set")
+        x = g["fraction of working set"]
+        a.plot(x, g["hit rate"], marker="o", ms=4, color=pal[name], label=name)
+        a.plot(x, g["Belady hit rate"], ls="--", color=pal[name])
+        lo = np.array([ci[0] for ci in g["hit / Belady CI"]], float)
+        hi = np.array([ci[1] for ci in g["hit / Belady CI"]], float)
+        b.plot(x, g["hit / Belady"], marker="o", ms=4, color=pal[name], label=name)
+        b.fill_between(x, lo, hi, color=pal[name], alpha=0.2, linewidth=0)
+    for ax in (a, b):
+        ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel("pool size / working set")
+    b.axhline(BAR, color="black", lw=0.8, ls=":")
+    n = int(c["requests"].min()) if len(c) else 0
+    a.set(ylabel="hit rate", title="LRU (solid) vs Belady (dashed)")
+    b.set(ylabel="LRU hits / Belady hits", title=ill.title("LRU's share of the clairvoyant reference", n, "requests"))
+    b.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    return plots.tidy(fig)
 
 
 def replay_check(df: pd.DataFrame, block_size: int, capacity_tokens: int) -> pd.DataFrame:
@@ -224,46 +310,68 @@ def interpretation(summary: pd.DataFrame) -> str:
     return text
 
 
-def judge_c4(summary: pd.DataFrame, curve: pd.DataFrame, det: pd.DataFrame, conditions: str) -> list:
-    """C4 ("the trie makes hits inevitable rather than accidental"), one decision over three parts:
+BAR = 0.95  # LRU must keep at least this share of the clairvoyant reference's hits
 
-    - hits reach >= 95% of the never-evicting optimum, judged per pool size: where the pool holds the
-      working set, and where it does not (LRU then evicts shared prefixes, and hits fall), so the
-      claim holds only under the first condition when the second fails;
-    - greedy outputs identical with and without the cache (all or nothing);
+
+def _small(curve: pd.DataFrame) -> pd.DataFrame:
+    """Rows of shared-prefix workloads whose pool is below the working set: where eviction decides."""
+    share = curve[curve.workload.isin(SHARING)]
+    return share[share["pool blocks"] < share["working set blocks"]]
+
+
+def _where(r) -> str:
+    tag = ", the measured pool" if r["measured pool"] else ""
+    return f"{r['workload']} at {r['fraction of working set']:.2f}x the working set ({int(r['pool blocks'])} blocks{tag})"
+
+
+def judge_c4(summary: pd.DataFrame, curve: pd.DataFrame, det: pd.DataFrame, conditions: str) -> list:
+    """C4 ("the trie makes hits inevitable rather than accidental"), one decision (``decide_parts``):
+
+    - decisive: LRU-radix hit tokens / Belady hit tokens (``studylib.kvcache.belady``: the same trace,
+      pool size and tree/lock constraints, evicting the block used farthest in the future) >= 0.95,
+      per shared-prefix workload and pool size *below* the working set, on a bootstrap CI over
+      requests (``ratio_of_sums``);
+    - shown, not counted (``by_construction``): pools that hold the working set (nothing is evicted, so
+      every policy reaches the never-evicting optimum) and the no-sharing workload (nothing to hit);
+    - greedy outputs identical with and without the cache (all or nothing, over every request);
     - the no-sharing control pays nothing (its TTFT within noise of the uncached arm).
 
     The TTFT gain is reported beside it, not judged: the source claims hits, not a TTFT figure."""
-    from studylib.claims import decide_conditions, decide_parts, judge_checks
+    from studylib.claims import decide_parts, judge_at_least, judge_checks
 
-    sharing = summary[summary.workload.isin(SHARING)]
-    full = curve[curve["fraction of working set"] >= 1.0]
-    small = curve[curve["fraction of working set"] < 1.0]
-
-    def hits(rows: pd.DataFrame, where: str) -> dict:
-        out = {f"{r['workload']} at {r['fraction of working set']:.2f}x the working set: "
-               f"{r['hit / optimal']:.0%} of the optimum": bool(r["hit / optimal"] >= 0.95) for _, r in rows.iterrows()}
-        return out or {f"no {where} pool size was run": False}
-
-    measured_pool = {f"{r.workload} at the measured pool: {r['hit / optimal']:.0%} of the optimum":
-                     r["hit / optimal"] >= 0.95 for _, r in sharing.iterrows()}
-    pools = [judge_checks("C4", "hits >= 95% of the optimum, pool holds the working set",
-                          {**measured_pool, **hits(full, "full")}, "", conditions, CHAPTER)]
-    if len(small):
-        pools.append(judge_checks("C4", "hits >= 95% of the optimum, pool below the working set (LRU)",
-                                  hits(small, "small"), "", conditions, CHAPTER))
-    by_pool = decide_conditions("C4", "shared-prefix hits reach the optimum", pools,
-                                "hits 'inevitable rather than accidental'", conditions, CHAPTER,
-                                names=["pool >= working set", "pool < working set"][:len(pools)])[0]
-    same = judge_checks("C4", "greedy outputs identical with and without the cache",
-                        {f"{r.workload}": bool(r["all identical"]) for _, r in summary.iterrows()},
-                        "harmless", conditions, CHAPTER)
+    claimed = "hits 'inevitable rather than accidental'"
+    small = _small(curve)
+    est: dict = {_where(r): {"value": r["hit / Belady"], "ci_low": r["hit / Belady CI"][0],
+                             "ci_high": r["hit / Belady CI"][1], "n": int(r["requests"])}
+                 for _, r in small.iterrows()}
+    parts = [judge_at_least("C4", "LRU-radix hits / Belady hits, pool below the working set",
+                            est or {"no pool below the working set was run": float("nan")}, BAR, claimed,
+                            conditions, CHAPTER, unit="requests")]
+    share = curve[curve.workload.isin(SHARING)]
+    full = share[share["pool blocks"] >= share["working set blocks"]]
+    if len(full):
+        parts.append(judge_checks(
+            "C4", "hits / never-evicting optimum, pool holds the working set (nothing evicted)",
+            {f"{_where(r)}: LRU {r['hit / optimal']:.0%}, Belady {r['Belady / optimal']:.0%} of the optimum":
+             bool(r["hit tokens"] == r["optimal hit tokens"] == r["Belady hit tokens"]) for _, r in full.iterrows()},
+            "", conditions, CHAPTER, unit=None, by_construction=True))
+    solo = curve[~curve.workload.isin(SHARING)]
+    if len(solo):
+        parts.append(judge_checks(
+            "C4", "hits on the no-sharing workload (no shared prefix to hit)",
+            {f"{_where(r)}: LRU {int(r['hit tokens'])}, Belady {int(r['Belady hit tokens'])}, optimum "
+             f"{int(r['optimal hit tokens'])} hit tokens": bool(r["hit tokens"] == r["Belady hit tokens"])
+             for _, r in solo.iterrows()}, "", conditions, CHAPTER, unit=None, by_construction=True))
+    parts.append(judge_checks("C4", "greedy outputs identical with and without the cache",
+                              {f"{r.workload} ({r['outputs identical']})": bool(r["all identical"])
+                               for _, r in summary.iterrows()},
+                              "harmless", conditions, CHAPTER, n=int(summary["requests"].sum()), unit="prompts"))
     ctrl = summary[summary.workload == "no_sharing"]
-    control = judge_checks("C4", "the no-sharing control pays nothing (TTFT within noise of no cache)", {
+    parts.append(judge_checks("C4", "the no-sharing control pays nothing (TTFT within noise of no cache)", {
         f"no_sharing TTFT x{r['TTFT speedup']:.2f}": bool(r["TTFT speedup"] >= 0.8 or r["TTFT speedup CI"][1] >= 1.0)
         for _, r in ctrl.iterrows()} or {"no control workload was run": False}, "free when nothing is shared",
-        conditions, CHAPTER)
-    return decide_parts("C4", "a trie makes shared-prefix hits inevitable and harmless", [by_pool, same, control],
+        conditions, CHAPTER, n=int(ctrl["requests"].sum()) if len(ctrl) else 0, unit="requests"))
+    return decide_parts("C4", "a trie makes shared-prefix hits inevitable and harmless", parts,
                         "a trie makes shared-prefix cache hits 'inevitable rather than accidental'", conditions,
                         CHAPTER)
 
@@ -280,15 +388,41 @@ def conditions_text(model, block_size: int, capacity_tokens: int) -> str:
             f"pool {capacity_tokens} tokens")
 
 
+def _span(values: pd.Series, fmt: str) -> str:
+    lo, hi = format(float(values.min()), fmt), format(float(values.max()), fmt)
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
 def curve_text(curve: pd.DataFrame) -> str:
     """What the pool-size curve shows, read from the numbers."""
-    full = curve[curve["fraction of working set"] >= 1.0]
-    small = curve.loc[curve.groupby("workload")["fraction of working set"].idxmin()]
-    worst = small.loc[small["hit / optimal"].idxmin()]
-    return (f"With a pool holding the working set the cache reaches {full['hit / optimal'].min():.0%}-"
-            f"{full['hit / optimal'].max():.0%} of the optimum; at the smallest pool tried, {worst.workload} keeps "
-            f"{worst['hit / optimal']:.0%} of it ({worst['fraction of working set']:.2f}x its working set, "
-            f"{int(worst['evicted blocks'])} blocks evicted).")
+    from studylib.workbook import illustration as ill
+
+    small = _small(curve)
+    share = curve[curve.workload.isin(SHARING)]
+    full = share[share["pool blocks"] >= share["working set blocks"]]
+    parts = []
+    if len(small):
+        worst = small.loc[small["hit / Belady"].idxmin()]
+        lo, hi = worst["hit / Belady CI"]
+        ci = f", 95% CI [{lo:.1%}, {hi:.1%}]" if np.isfinite(lo) else ", no CI"
+        n = int(small["requests"].min())
+        parts.append(
+            f"Below the working set, LRU keeps {_span(small['hit / Belady'], '.1%')} "
+            f"of the clairvoyant Belady reference's hit tokens over {len(small)} workload/pool pairs. The lowest is "
+            f"{worst.workload} at {worst['fraction of working set']:.2f}x its working set ({worst['hit / Belady']:.1%}"
+            f"{ci}, n = {int(worst['requests'])} requests), where LRU evicted {int(worst['evicted blocks'])} blocks "
+            f"and Belady {int(worst['Belady evicted blocks'])}; there Belady itself reaches "
+            f"{worst['Belady / optimal']:.1%} of the never-evicting optimum, so the rest of the gap is the pool's "
+            f"size, not the eviction policy.")
+        if ill.is_illustration(n, "requests"):
+            parts.append(f"The smallest workload is {ill.sentence(n, 'requests')}.")
+    else:
+        parts.append("No pool below the working set was run, so eviction was never tested.")
+    if len(full):
+        parts.append(f"With a pool holding the working set nothing is evicted and LRU reaches "
+                     f"{_span(full['hit / optimal'], '.0%')} of the never-evicting "
+                     f"optimum, by construction.")
+    return " ".join(parts)
 
 
 def determinism_text(det: pd.DataFrame) -> str:

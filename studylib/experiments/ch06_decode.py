@@ -34,6 +34,7 @@ from studylib.attention.quest import QuestKVCache
 from studylib.bench.stats import estimate, ratio_estimate, rotated
 from studylib.errors import StudylibError
 from studylib.models import DenseKVCache
+from studylib.workbook import illustration as ill
 
 
 @torch.inference_mode()
@@ -235,18 +236,22 @@ def explain_decode_cost(summary: pd.DataFrame) -> str:
 def document_quality(model, tokenizer, specs: Sequence[str], n_docs: int, n_tokens: int, scored: int = 32,
                      gen_tokens: int = 16, chunk: int = 512, source: str = "narrativeqa",
                      progress: bool = True) -> pd.DataFrame:
-    """Per document (``long_text`` with its own seed: the units of the quality CIs) and pattern.
+    """Per document (``long_text`` with its own seed: the units of the CIs) and pattern.
 
     The first ``n_tokens - scored`` tokens are prefilled; the last ``scored`` are then fed one decode
     step at a time to Quest (it selects per step) and as one chunk to the fixed-mask arms and dense (the
-    same numbers as step by step: a fixed mask gives each position the same keys either way), and each
+    same numbers as step by step: a fixed mask gives each position the same keys either way). Each
     position's next-token distribution is compared with dense's: perplexity ratio over those positions,
-    mean KL(dense || pattern) and top-1 agreement. Then ``gen_tokens`` greedy tokens
-    continue the text, compared with dense's continuation (share of tokens equal, position by position).
-    Every scored position lies past each pattern's budget when ``n_tokens - scored`` exceeds it, so
-    the figures count only positions where a pattern can differ from dense.
+    mean KL(dense || pattern) and top-1 agreement; and every word of the scored text is a task item
+    (``studylib.eval.lastword``: the word predicted greedily, all its tokens right), kept per document as
+    the paired arrays the task ratio is computed from. Then ``gen_tokens`` greedy tokens continue the
+    text: compared with dense's continuation, and timed (ms per decoded token at ``n_tokens`` of context,
+    arms in an order that rotates per document), which is the speed the verdict reads: one real
+    document, one unit. Every scored position lies past each pattern's budget when ``n_tokens - scored``
+    exceeds it, so the figures count only positions where a pattern can differ from dense.
     """
     from studylib.data import long_text
+    from studylib.eval import lastword
     from studylib.progress import progress_bar
 
     if scored < 2 or scored >= n_tokens:
@@ -257,16 +262,21 @@ def document_quality(model, tokenizer, specs: Sequence[str], n_docs: int, n_toke
         ids = long_text(tokenizer, n_tokens, seed=1000 + doc, source=source)
         ctx, tail = ids[: n_tokens - scored], ids[n_tokens - scored:]
         caches = prefill_arms(model, ctx, specs, scored + gen_tokens, chunk)
-        logp, cont = {}, {}
+        spans = lastword.word_spans(tokenizer, tail, min_context=1)
+        logp, cont, words, ms = {}, {}, {}, {}
         x = torch.tensor([tail], device=model.device)
-        for spec, cache in caches.items():
+        for spec in rotated(list(caches), doc):
+            cache = caches[spec]
             if Pattern.parse(spec).kind == "quest":  # selects per decode step: feed the tail one token at a time
                 logits = torch.stack([decode_step(model, cache, t) for t in tail])
             else:  # a fixed mask gives every position the same keys in one chunk as one step at a time
                 with torch.inference_mode():
                     logits = model(x, cache.begin(len(tail)), logits="all").logits[0].float()
             logp[spec] = F.log_softmax(logits[:-1], -1)  # predictions of tail[1:]
+            words[spec] = lastword.score_logits(logits.argmax(-1), tail, spans)
+            t0 = time.perf_counter()
             cont[spec] = greedy_tokens(model, cache, logits[-1], gen_tokens)
+            ms[spec] = (time.perf_counter() - t0) * 1e3 / max(gen_tokens - 1, 1)
         y = torch.tensor(tail[1:], device=logp["dense"].device)[:, None]
         ref = logp["dense"]
         nll_ref = -ref.gather(1, y)[:, 0]
@@ -278,19 +288,37 @@ def document_quality(model, tokenizer, specs: Sequence[str], n_docs: int, n_toke
                          "kl": float((ref.exp() * (ref - lp)).sum(-1).mean()),
                          "top1": float((ref.argmax(-1) == lp.argmax(-1)).float().mean()),
                          "greedy_agreement": float(np.mean([a == b for a, b in zip(cont[spec], cont["dense"],
-                                                                                   strict=True)]))})
+                                                                                   strict=True)])),
+                         "words": len(spans), "correct": words[spec].tolist(), "correct_dense": words["dense"].tolist(),
+                         "ms_per_token": ms[spec], "ms_per_token_dense": ms["dense"],
+                         "chance": lastword.chance_score(spans, model.config.vocab_size)})
     return pd.DataFrame(rows)
 
 
-def document_summary(docs: pd.DataFrame) -> pd.DataFrame:
-    """Per pattern: median perplexity ratio with its CI over documents, median KL, top-1 and greedy agreement."""
+def document_summary(docs: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
+    """Per pattern: the next-word task ratio to dense (CI resampling documents, with its power), the decode
+    speed-up over dense at the documents' length (paired by document), the median perplexity ratio with
+    its CI, median KL, top-1 and greedy agreement. ``confidence``: the CIs' level (corrected when several
+    configurations compete for one decision)."""
+    from studylib.eval import lastword
+
     rows = []
     for spec, g in docs.groupby("pattern", sort=False):
-        e = estimate(g["ppl_ratio"])
-        rows.append({"pattern": spec, "documents": e.n, "ppl_ratio": e.value, "ppl_ratio_low": e.ci_low,
+        e = estimate(g["ppl_ratio"], confidence=confidence)
+        task = lastword.paired_ratio([np.asarray(c, bool) for c in g["correct_dense"]],
+                                     [np.asarray(c, bool) for c in g["correct"]], confidence=confidence,
+                                     chance=float(g["chance"].mean()))
+        speed = ratio_estimate(g["ms_per_token_dense"].to_numpy(), g["ms_per_token"].to_numpy(),
+                               confidence=confidence)
+        rows.append({"pattern": spec, "documents": e.n, "task_ratio": task.value, "task_low": task.ci_low,
+                     "task_high": task.ci_high, "reference_score": task.reference_score, "mdc": task.mdc,
+                     "has_power": task.has_power, "n_needed": task.n_needed, "words": task.items,
+                     "speedup": speed.value, "speedup_low": speed.ci_low, "speedup_high": speed.ci_high,
+                     "ppl_ratio": e.value, "ppl_ratio_low": e.ci_low,
                      "ppl_ratio_high": e.ci_high, "kl_nats": float(g["kl"].median()),
                      "top1_agreement": float(g["top1"].median()),
-                     "greedy_agreement": float(g["greedy_agreement"].median()), "estimate": e})
+                     "greedy_agreement": float(g["greedy_agreement"].median()), "estimate": e,
+                     "task": task, "speed_estimate": speed})
     return pd.DataFrame(rows)
 
 
@@ -338,10 +366,17 @@ def needle_grid(model, tokenizer, specs: Sequence[str], lengths: Sequence[int], 
     return pd.DataFrame(rows)
 
 
+def _trials_per_cell(needle: pd.DataFrame, by: Sequence[str] = ("pattern", "length")) -> int:
+    """The fewest trials (each its own haystack and depth) behind one cell of the grid."""
+    return int(needle.groupby(list(by)).size().min()) if len(needle) else 0
+
+
 def needle_summary(needle: pd.DataFrame) -> pd.DataFrame:
-    """Share of trials answered per pattern and haystack length (trials = depths x seeds)."""
+    """Share of trials answered per pattern and haystack length (trials = depths x seeds); below
+    ``MIN_UNITS`` trials per cell an illustration (``studylib.workbook.illustration``), labelled with n."""
     g = needle.groupby(["pattern", "length"], sort=False)["found"]
-    return g.agg(found="mean", trials="size").reset_index()
+    return ill.illustration(g.agg(found="mean", trials="size").reset_index(), _trials_per_cell(needle), "trials",
+                            per="cell")
 
 
 def plot_needle(needle: pd.DataFrame):
@@ -356,13 +391,27 @@ def plot_needle(needle: pd.DataFrame):
         ax.set_title(spec, fontsize="small")
         ax.set_xlabel("haystack (tokens)")
         ax.set_ylabel("needle depth" if ax is axes[0][0] else "")
-    fig.suptitle("Needle found (share of seeds)", fontsize="medium")
+    fig.suptitle(ill.title("Needle found (share of seeds)", _trials_per_cell(needle, ("pattern", "depth", "length")),
+                           "trials", per="cell"), fontsize="medium")
     fig.tight_layout()
     return plots.tidy(fig)
 
 
 def explain_needle(needle: pd.DataFrame) -> str:
+    """The counts, in words; below ``MIN_UNITS`` trials per cell they are labelled an illustration and nothing
+    is concluded from them."""
     dense = needle[needle.pattern == "dense"]
+    n = _trials_per_cell(needle)
+    if len(needle) and ill.is_illustration(n, "trials"):
+        label = f"The needle grid is {ill.sentence(n, 'trials', per='cell')}. "
+        if dense.empty or not dense.found.any():
+            return label + f"Dense attention found the code in {int(dense.found.sum())} of {len(dense)} trials."
+        key = ["length", "depth", "seed"]
+        ok = dense[dense.found][key]
+        counts = [f"{spec} in {int(ok.merge(g, on=key).found.sum())} of those {len(ok)}"
+                  for spec, g in needle[needle.pattern != "dense"].groupby("pattern", sort=False)]
+        return (label + f"Dense attention found the code in {int(dense.found.sum())} of {len(dense)} trials"
+                + ("; " + "; ".join(counts) if counts else "") + ".")
     if dense.empty or not dense.found.any():
         return ("Dense attention never finds the code here, so the test cannot say what sparsity loses."
                 if not dense.empty else "No needle trials were run.")

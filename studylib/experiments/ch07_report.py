@@ -9,6 +9,7 @@ modelled checks are shown and not counted.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import pkgutil
@@ -25,6 +26,7 @@ from studylib.claims import (
 )
 from studylib.errors import StudylibError
 from studylib.experiments import ch07_combined as cc
+from studylib.experiments.ch05_interplay import EQUIVALENCE_DELTA, ttft_not_tpot
 from studylib.experiments.ch07_quality import QUALITY_BAR
 from studylib.experiments.ch07_stack import StackPlan, stack_arm_name
 
@@ -279,55 +281,105 @@ def judge_c7(stacks: pd.DataFrame, tsum: pd.DataFrame, conditions: str, serving:
                         ">99% quality, >10x lower latency, 8-12x throughput", conditions, cc.CHAPTER)
 
 
-def c8_checks(spec_gain: pd.DataFrame, prefix: pd.Series, sparse: pd.DataFrame,
-              interactions: pd.DataFrame) -> dict[str, dict]:
-    """The interaction checks, each named with the numbers that decide it and whether it is measured.
+C8_PREFIX, C8_SPARSE, C8_STACK = ("prefix cache helps TTFT, not TPOT", "sparse attention gain grows with context",
+                                  "stacked gains fall short of the product of their parts")
+# decide_conditions' names for the three measured interactions, as C8@7 declares its configurations
+C8_NAMES = {C8_PREFIX: "prefix: TTFT not TPOT", C8_SPARSE: "sparse gain grows with context",
+            C8_STACK: "stack below the product of its parts"}
+
+
+def _ci(value, low, high) -> str:
+    return f"{value:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def c8_checks(spec_gain: pd.DataFrame, prefix: pd.Series | None, sparse: pd.DataFrame,
+              interactions: pd.DataFrame, delta: float = EQUIVALENCE_DELTA) -> dict[str, dict]:
+    """The interaction checks, each named with the numbers that decide it, its unit and n, and whether
+    it is measured. Each entry: ``passed`` (the rule), ``checks`` (the named conditions behind it),
+    ``measured``, ``kind`` (``C8_PREFIX``/``C8_SPARSE``/``C8_STACK``, or "model"), ``n``, ``unit``,
+    ``estimate`` (the number the verdict table shows).
 
     - speculative gain vs batch: a MODEL (measured step costs x measured alpha), shown, never counted;
-    - prefix cache: its TTFT speedup's CI lies entirely above its TPOT speedup's CI (measured);
-    - sparse attention: the measured decode-step speedup at the longest context exceeds the shortest one's;
-    - stacking: on at least one workload the stack's speedup over the product of its parts has a CI
-      that excludes 1 (measured: the gains do not simply multiply).
+    - prefix cache helps TTFT, not TPOT (requests): the TTFT gain's CI lies at or above 1 + delta AND
+      the TPOT gain's CI lies inside [1 - delta, 1 + delta] (chapter 5's equivalence rule,
+      ``ch05_interplay.ttft_not_tpot``, delta = ``EQUIVALENCE_DELTA``);
+    - sparse attention gain grows with context (prompts): per prompt, the decode-step speed-up of the
+      sparse pattern over dense at the longest context divided by the one at the shortest (paired by
+      prompt, ``ch07_system.sparse_growth``); passes iff the CI of that ratio lies above 1. ``sparse`` is
+      ``sparse_vs_context``'s per-(prompt, context) frame;
+    - stacked gains fall short of the product of their parts (requests): one-sided, passes iff on at
+      least one workload with enough requests the CI of stack / product of parts lies wholly below 1;
+      ``interactions`` carries CIs corrected for the number of workloads tried
+      (``interaction_frame``).
     """
+    from studylib.claims import min_units
+    from studylib.experiments.ch07_system import sparse_growth
+
     checks: dict[str, dict] = {}
     if len(spec_gain) >= 2:
         a, b = spec_gain.iloc[0], spec_gain.iloc[-1]
         checks[f"speculative gain shrinks with batch (model: B={int(a.batch)}: {a.gain:.2f}x -> "
-               f"B={int(b.batch)}: {b.gain:.2f}x)"] = {"passed": bool(b.gain < a.gain), "measured": False}
+               f"B={int(b.batch)}: {b.gain:.2f}x)"] = {"passed": bool(b.gain < a.gain), "measured": False,
+                                                      "kind": "model"}
     if prefix is not None:
-        checks[f"prefix cache helps TTFT, not TPOT ({prefix.workload}: TTFT {prefix.ttft_speedup:.2f}x "
-               f"[{prefix.ttft_low:.2f}, {prefix.ttft_high:.2f}], TPOT {prefix.tpot_speedup:.2f}x "
-               f"[{prefix.tpot_low:.2f}, {prefix.tpot_high:.2f}], n={int(prefix.requests)})"] = {
-            "passed": bool(prefix.ttft_low > prefix.tpot_high), "measured": True, "n": int(prefix.requests),
-            "unit": "requests"}
-    if len(sparse) >= 2:
-        a, b = sparse.iloc[0], sparse.iloc[-1]
-        n = int(min(sparse.steps)) if "steps" in sparse else None
-        checks[f"sparse attention gain grows with context ({int(a.context)}: {a.speedup:.2f}x "
-               f"[{a.low:.2f}, {a.high:.2f}] -> {int(b.context)}: {b.speedup:.2f}x [{b.low:.2f}, {b.high:.2f}], "
-               f"n={n} steps)"] = {"passed": bool(b.low > a.high), "measured": True, "n": n, "unit": "repeats"}
+        ttft = (prefix.ttft_speedup, prefix.ttft_low, prefix.ttft_high, int(prefix.requests))
+        tpot = (prefix.tpot_speedup, prefix.tpot_low, prefix.tpot_high, int(prefix.requests))
+        rule = ttft_not_tpot(ttft, tpot, delta)
+        checks[f"{C8_PREFIX} ({prefix.workload}: TTFT gain {_ci(*ttft[:3])}, TPOT gain {_ci(*tpot[:3])}, 95% CIs, "
+               f"n={int(prefix.requests)} requests; delta = {delta:g})"] = {
+            "passed": all(rule["not_tpot"].values()), "checks": rule["not_tpot"], "measured": True, "kind": C8_PREFIX,
+            "n": int(prefix.requests), "unit": "requests", "estimate": _est(*tpot),
+            "tpot_too": all(rule["tpot_too"].values()), "delta": delta}
+    growth = sparse_growth(sparse) if len(sparse) and "prompt" in sparse else None
+    if growth is not None:
+        name = f"CI of (gain at {growth['longest']} / gain at {growth['shortest']}) above 1"
+        passed = bool(growth["ci_low"] > 1)
+        checks[f"{C8_SPARSE} (per prompt, decode speed-up at {growth['longest']} tokens / at {growth['shortest']}: "
+               f"{_ci(growth['value'], growth['ci_low'], growth['ci_high'])}, 95% CI, n={growth['n']} prompts; "
+               f"median speed-ups {growth['gain_shortest']:.2f}x -> {growth['gain_longest']:.2f}x)"] = {
+            "passed": passed, "checks": {name: passed}, "measured": True, "kind": C8_SPARSE, "n": int(growth["n"]),
+            "unit": "prompts", "estimate": _est(growth["value"], growth["ci_low"], growth["ci_high"], growth["n"])}
     if len(interactions):
-        off = interactions[(interactions.low > 1) | (interactions.high < 1)]
-        n = int(interactions.requests.min()) if "requests" in interactions else None
-        vals = ", ".join(f"{r.workload} {r.ratio:.2f} [{r.low:.2f}, {r.high:.2f}]" for r in interactions.itertuples())
-        checks[f"stacked gains do not multiply (stack / product of parts: {vals}; n={n})"] = {
-            "passed": bool(len(off)), "measured": True, "n": n, "unit": "requests"}
+        need = min_units("requests")
+        conf = float(interactions.confidence.iloc[0]) if "confidence" in interactions else 0.95
+        below = interactions[(interactions.high < 1) & (interactions.requests >= need)]
+        # n: the passing workload's requests; when none passes, the fewest any workload had (a workload
+        # with too few requests might have passed, so the row cannot fail on it)
+        n = int(below.requests.max()) if len(below) else int(interactions.requests.min())
+        cand = below if len(below) else interactions
+        shown = cand.loc[cand.high.idxmin()] if cand.high.notna().any() else cand.iloc[0]
+        vals = "; ".join(f"{r.workload} {_ci(r.ratio, r.low, r.high)} (n={int(r.requests)})"
+                         for r in interactions.itertuples())
+        passed = bool(len(below))
+        checks[f"{C8_STACK} (stack / product of parts: {vals}; {conf:.1%} CIs, {len(interactions)} workload(s) "
+               "tried)"] = {
+            "passed": passed, "checks": {"on at least one workload the CI lies wholly below 1": passed},
+            "measured": True, "kind": C8_STACK, "n": n, "unit": "requests", "confidence": conf,
+            "estimate": _est(shown.ratio, shown.low, shown.high, int(shown.requests))}
     return checks
 
 
 def judge_c8(checks: Mapping[str, dict], conditions: str) -> list[Verdict]:
-    """One decision over the measured interactions, each a condition of its own (all or nothing);
-    modelled checks are listed in the conditions and decide nothing."""
+    """One decision over the measured interactions, each a condition of its own (declared as C8@7);
+    every row compares CIs (``exact=False``), so below its unit's minimum n it is inconclusive whichever
+    way it went. Modelled checks are listed in the conditions and decide nothing."""
     measured = {k: v for k, v in checks.items() if v["measured"]}
     if not measured:
         raise StudylibError("no measured interaction to judge C8 with; run the interaction cells.")
-    rows = [judge_checks("C8", name, {name: v["passed"]}, "gains are local and interact", conditions, cc.CHAPTER,
-                         n=v.get("n"), unit=v.get("unit")) for name, v in measured.items()]
+    rows = []
+    for name, v in measured.items():
+        row = judge_checks("C8", name, v.get("checks") or {name: v["passed"]}, "gains are local and interact",
+                           conditions, cc.CHAPTER, measured=v.get("estimate"), n=v.get("n"), unit=v.get("unit"),
+                           exact=False)
+        if v.get("confidence", 0.95) != 0.95:
+            row = dataclasses.replace(row, confidence=v["confidence"], conditions="; ".join(
+                [row.conditions, f"{v['confidence']:.1%} CIs: one CI per workload tried, Bonferroni-corrected"]))
+        rows.append(row)
     models = [k for k, v in checks.items() if not v["measured"]]
     note = f"not counted (models): {'; '.join(models)}" if models else ""
     return decide_conditions("C8", "measured interactions of the stacked gains", rows,
                              "gains are local and interact", "; ".join(x for x in (conditions, note) if x),
-                             cc.CHAPTER, names=[f"check {i + 1}" for i in range(len(rows))])
+                             cc.CHAPTER, names=[C8_NAMES.get(v.get("kind"), k) for k, v in measured.items()])
 
 
 # ---------------------------------------------------------------------------------- interpretation
@@ -369,15 +421,32 @@ def throughput_text(tsum: pd.DataFrame) -> str:
 
 
 def checks_text(checks: Mapping[str, dict]) -> str:
-    return "\n".join(f"- {'passes' if v['passed'] else 'fails'}{'' if v['measured'] else ' (model, not counted)'}: "
-                     f"{name}" for name, v in checks.items())
+    """One line per interaction check, with its rule's outcome; a check resting on fewer units than its
+    minimum says it decides nothing, and a prefix cache that also shortened TPOT is reported as such."""
+    from studylib.claims import min_units
+
+    lines = []
+    for name, v in checks.items():
+        word = "passes" if v["passed"] else "fails"
+        if not v["measured"]:
+            lines.append(f"- {word} (model, not counted): {name}")
+            continue
+        few = v.get("n") is None or v["n"] < min_units(v["unit"])
+        tail = f" (n = {v.get('n')} {v['unit']}, fewer than {min_units(v['unit'])}: decides nothing)" if few else ""
+        lines.append(f"- {word}{tail}: {name}")
+        if v.get("kind") == C8_PREFIX and v.get("tpot_too"):
+            lines.append(f"  - the cache also shortened TPOT here (its gain's whole CI lies above "
+                         f"{1 + v['delta']:.2f}): its gain is not confined to the first token.")
+    return "\n".join(lines)
 
 
 def measurements(runs: pd.DataFrame, summary: pd.DataFrame, quality: pd.DataFrame, plans: Mapping[str, StackPlan],
                  stacks: pd.DataFrame, waterfall: pd.DataFrame, interactions: pd.DataFrame, tput: pd.DataFrame,
                  tsum: pd.DataFrame, spec_gain: pd.DataFrame, alpha: Mapping, prefix_curve: pd.DataFrame,
-                 sparse: pd.DataFrame, ppl: Mapping, checks: Mapping[str, dict], anchors: pd.DataFrame) -> dict:
-    """Everything the chapter measured, JSON-able (token ids and texts dropped)."""
+                 sparse: pd.DataFrame, ppl: Mapping, checks: Mapping[str, dict], anchors: pd.DataFrame,
+                 sparse_runs: pd.DataFrame | None = None) -> dict:
+    """Everything the chapter measured, JSON-able (token ids and texts dropped). ``sparse`` is the
+    per-context summary, ``sparse_runs`` the per-(prompt, context) rows it and C8's check come from."""
     return {
         "requests": runs.drop(columns=["tokens", "text"]), "latency": summary, "quality": quality,
         "plans": {wl: {"chain": [list(c) for c in p.chain], "notes": p.notes} for wl, p in plans.items()},
@@ -385,4 +454,5 @@ def measurements(runs: pd.DataFrame, summary: pd.DataFrame, quality: pd.DataFram
         "throughput_runs": tput.drop(columns=["outputs"], errors="ignore"), "throughput": tsum, "spec_gain_vs_batch": spec_gain,
         "alpha": dict(alpha), "prefix_vs_output": prefix_curve, "sparse_vs_context": sparse, "perplexity": dict(ppl),
         "c8_checks": dict(checks), "anchors": anchors,
+        "sparse_vs_context_per_prompt": sparse_runs if sparse_runs is not None else pd.DataFrame(),
     }

@@ -12,8 +12,9 @@ Interactions, each measured on this machine:
   was getting for free, so the gain shrinks with B;
 - prefix caching vs output length: e2e(n) = TTFT + (n - 1) * TPOT per request, with and without the
   cache. A hit removes prefill only: the TTFT gain stays, the e2e gain fades as n grows;
-- sparse attention vs context length: one decode step with a dense cache and with the sparse one after
-  a real prefill of L tokens; attention is a small share of a step at short context.
+- sparse attention vs context length: decode steps with a dense cache and with the sparse one holding
+  L tokens of each of several different texts (the prompts are the units); attention is a small share
+  of a step at short context.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 
 from studylib.bench.stats import estimate, ratio_estimate, rotated
 from studylib.decoding.common import Stopwatch
+from studylib.errors import StudylibError
 from studylib.experiments.ch05_interplay import reports_folder
 from studylib.experiments.ch07_combined import BASELINE, PREFIX, agreement, paired
 
@@ -206,37 +208,93 @@ def prefix_vs_output(runs: pd.DataFrame, workload: str, lengths: Sequence[int], 
 # ------------------------------------------------------------------------------ sparse vs context
 
 
+def sparse_texts(tokenizer, prompts: int, length: int, seed: int = 0) -> list[list[int]]:
+    """``prompts`` different texts of ``length`` tokens each: disjoint windows of one stream of real
+    prose (``studylib.data.long_text``, NarrativeQA summaries shuffled with ``seed``)."""
+    from studylib.data import long_text
+
+    ids = long_text(tokenizer, prompts * length, seed=seed)
+    return [ids[i * length:(i + 1) * length] for i in range(prompts)]
+
+
 @torch.inference_mode()
-def sparse_vs_context(model, spec: str, contexts: Sequence[int], steps: int = 4, seed: int = 0,
-                      progress: bool | None = None) -> pd.DataFrame:
-    """Per context length L: decode-step time with a dense cache and with ``spec``'s cache after a real
-    prefill of L random tokens; steps alternate between the two so noise falls on both alike."""
+def sparse_vs_context(model, spec: str, contexts: Sequence[int], steps: int = 4, seed: int = 0, prompts: int = 10,
+                      tokenizer=None, progress: bool | None = None) -> pd.DataFrame:
+    """One row per (prompt, context length L): the median decode-step time of a dense cache and of
+    ``spec``'s cache holding L tokens of the prompt, and their ratio (the prompt's speed-up at L).
+
+    The prompts are ``prompts`` different texts (``sparse_texts``; random token ids when no
+    ``tokenizer`` is given): they are the independent units of every CI drawn from these rows. The
+    ``steps`` decode steps within one prompt and context are not independent of one another and only
+    make its value less noisy. Per prompt the two caches grow through the contexts in increasing order:
+    each context's prefill extends the cache with the text's next tokens up to L (so a prompt costs one
+    prefill of the longest context per cache, not one per context). Dense and sparse steps alternate, so
+    drift in the machine's speed falls on both alike and cancels in the ratio."""
     from studylib.attention import make_cache
     from studylib.models import DenseKVCache
     from studylib.progress import progress_bar
 
     cfg, dev = model.config, model.device
-    gen = torch.Generator().manual_seed(seed)
+    contexts = sorted({int(L) for L in contexts})
+    longest = contexts[-1]
+    if tokenizer is not None:
+        texts = sparse_texts(tokenizer, prompts, longest, seed)
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        texts = [torch.randint(3, cfg.vocab_size, (longest,), generator=gen).tolist() for _ in range(prompts)]
+    cap = longest + len(contexts) * (steps + 1) + 1
     rows = []
-    for L in progress_bar(contexts, desc="ch07 sparse vs context", leave=False, progress=progress):
-        ids = torch.randint(3, cfg.vocab_size, (1, L), generator=gen).to(dev)  # (1, L)
-        caches = {"dense": DenseKVCache(cfg, 1, L + steps + 1, dev, model.dtype),
-                  "sparse": make_cache(spec, cfg, L + steps + 1, dev, model.dtype)}
-        tok = {}
-        for k, c in caches.items():
-            tok[k] = model(ids, c.begin(L), logits="last").logits[:, -1].argmax(-1, keepdim=True)  # (1, 1)
-        times: dict[str, list[float]] = {"dense": [], "sparse": []}
-        for s in range(steps + 1):
+    for i in progress_bar(range(prompts), desc="ch07 sparse vs context", leave=False, progress=progress):
+        caches = {"dense": DenseKVCache(cfg, 1, cap, dev, model.dtype), "sparse": make_cache(spec, cfg, cap, dev, model.dtype)}
+        held, used = 0, 0  # tokens in each cache; tokens of the text fed so far
+        for L in contexts:
+            if L <= held:
+                raise StudylibError(f"sparse contexts must be more than {steps + 1} tokens apart, got {contexts}.")
+            ids = torch.tensor([texts[i][used:used + L - held]], device=dev)  # (1, L - held)
+            tok = {}
             for k, c in caches.items():
-                clock = Stopwatch(dev)
-                tok[k] = model(tok[k], c.begin(1), logits="last").logits[:, -1].argmax(-1, keepdim=True)
-                if s:  # step 0 warms up the decode shapes
-                    times[k].append(clock.elapsed())
-        e = ratio_estimate(times["dense"], times["sparse"])
-        rows.append({"context": int(L), "dense_ms": 1e3 * float(np.median(times["dense"])),
-                     "sparse_ms": 1e3 * float(np.median(times["sparse"])), "speedup": e.value,
-                     "low": e.ci_low, "high": e.ci_high, "steps": len(times["dense"])})
-    return pd.DataFrame(rows)
+                tok[k] = model(ids, c.begin(ids.shape[1]), logits="last").logits[:, -1].argmax(-1, keepdim=True)
+            used, held = used + ids.shape[1], L
+            times: dict[str, list[float]] = {"dense": [], "sparse": []}
+            for s in range(steps + 1):
+                for k, c in caches.items():
+                    clock = Stopwatch(dev)
+                    tok[k] = model(tok[k], c.begin(1), logits="last").logits[:, -1].argmax(-1, keepdim=True)  # (1, 1)
+                    if s:  # step 0 warms up the decode shapes
+                        times[k].append(clock.elapsed())
+            held += steps + 1
+            dense, sparse = float(np.median(times["dense"])), float(np.median(times["sparse"]))
+            rows.append({"prompt": i, "context": L, "dense_ms": 1e3 * dense, "sparse_ms": 1e3 * sparse,
+                         "speedup": dense / sparse, "steps": len(times["dense"])})
+    return pd.DataFrame(rows).sort_values(["context", "prompt"], ignore_index=True)
+
+
+def sparse_summary(per_prompt: pd.DataFrame) -> pd.DataFrame:
+    """Per context: the sparse pattern's decode-step speed-up over dense (ratio of the medians over
+    prompts, paired bootstrap CI over prompts), with the median step times and how many prompts."""
+    rows = []
+    for L, g in per_prompt.groupby("context", sort=True):
+        e = ratio_estimate(g.dense_ms.to_numpy(), g.sparse_ms.to_numpy())
+        rows.append({"context": int(L), "dense_ms": float(g.dense_ms.median()), "sparse_ms": float(g.sparse_ms.median()),
+                     "speedup": e.value, "low": e.ci_low, "high": e.ci_high, "prompts": int(len(g)),
+                     "steps": int(g.steps.min())})
+    return pd.DataFrame(rows, columns=["context", "dense_ms", "sparse_ms", "speedup", "low", "high", "prompts",
+                                       "steps"])
+
+
+def sparse_growth(per_prompt: pd.DataFrame, confidence: float = 0.95) -> dict | None:
+    """Per prompt, its speed-up at the longest context divided by its speed-up at the shortest (paired
+    by prompt; > 1: the gain grows with context), and the median over prompts with a bootstrap CI over
+    prompts at ``confidence``. None with fewer than two contexts."""
+    ctx = sorted(per_prompt.context.unique()) if len(per_prompt) else []
+    if len(ctx) < 2:
+        return None
+    wide = per_prompt.pivot(index="prompt", columns="context", values="speedup")[[ctx[0], ctx[-1]]].dropna()
+    ratio = (wide[ctx[-1]] / wide[ctx[0]]).to_numpy(dtype=float)
+    e = estimate(ratio, confidence=confidence)
+    return {"value": e.value, "ci_low": e.ci_low, "ci_high": e.ci_high, "n": e.n, "shortest": int(ctx[0]),
+            "longest": int(ctx[-1]), "gain_shortest": float(wide[ctx[0]].median()),
+            "gain_longest": float(wide[ctx[-1]].median()), "confidence": confidence}
 
 
 def serving_from_chapter5(out_dir: str | Path) -> dict | None:

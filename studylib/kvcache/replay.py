@@ -6,12 +6,18 @@ hit-rate vs. pool-size curve comes from replaying the recorded (prompt, output) 
 memory is allocated. The replay does what ``PrefixCachedDecoder`` does per request: match the
 prompt minus its last token, lock, grow to the request's full KV length (evicting LRU prefixes),
 insert, unlock, release.
+
+``compare_policies`` puts the radix cache's LRU beside the clairvoyant reference of
+``studylib.kvcache.belady`` (Belady's farthest-next-use rule under the same tree, lock and space
+constraints) at one pool size, request by request: the reference the hit rate is judged against when
+the pool is smaller than the working set.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from studylib.kvcache.belady import Trace, belady_hits
 from studylib.kvcache.naive import make_prefix_cache
 from studylib.kvcache.pool import PagedKVPool
 from studylib.models.presets import tiny_config
@@ -50,3 +56,18 @@ def working_set_blocks(sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
     """The smallest pool that never evicts: the peak blocks in use when nothing is ever evicted."""
     total = sum(-(-(len(p) + len(o)) // block_size) for p, o in sequences)
     return replay_hits(sequences, block_size=block_size, num_blocks=total + 1)["peak_blocks"]
+
+
+def min_pool_blocks(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], block_size: int) -> int:
+    """The smallest pool every request fits in alone (its KV plus the next token's slot)."""
+    return max(-(-(len(p) + len(o)) // block_size) for p, o in sequences)
+
+
+def compare_policies(sequences: Sequence[tuple[Sequence[int], Sequence[int]]] | Trace, *, block_size: int,
+                     num_blocks: int) -> dict[str, dict]:
+    """The same trace at one pool size under "lru" (the real ``RadixCache``, ``replay_hits``) and
+    "belady" (``studylib.kvcache.belady``), each with per-request hit tokens in ``["hits"]``."""
+    trace = sequences if isinstance(sequences, Trace) else Trace(sequences, block_size)
+    seqs = sequences.sequences if isinstance(sequences, Trace) else sequences
+    return {"lru": replay_hits(seqs, block_size=block_size, num_blocks=num_blocks),
+            "belady": belady_hits(trace, block_size=block_size, num_blocks=num_blocks)}

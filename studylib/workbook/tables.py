@@ -138,6 +138,7 @@ def _with_ci(v: Any, lo: Any, hi: Any, n: Any) -> str:
 
 
 WHY_KEY = "not_measured_because"
+CAPTION_KEY = "caption"  # df.attrs[CAPTION_KEY]: a line ``to_html`` prints under the table (an illustration's label)
 
 
 def why_not_measured(df: Any, **reasons: str):
@@ -176,13 +177,18 @@ def notes(df: Any) -> list[str]:
 
 def to_html(df: Any) -> str:
     """The readable frame as a compact HTML table that scrolls rather than overflows, never truncated, with
-    why any "not measured" cell is empty written under it (``why_not_measured``)."""
+    its caption (``df.attrs[CAPTION_KEY]``) and why any "not measured" cell is empty written under it
+    (``why_not_measured``)."""
     import html as _html
 
     table = readable(df).to_html(index=False, escape=True, border=0, classes="studylib-table", na_rep=NOT_MEASURED)
     why = notes(df)
     foot = ("<p class='studylib-table-note' style='font-size:0.85em;margin-top:0.3em'><i>Not measured</i>: "
             + "; ".join(_html.escape(w) for w in why) + ".</p>") if why else ""
+    cap = getattr(df, "attrs", {}).get(CAPTION_KEY)
+    if cap:
+        foot = (f"<p class='studylib-table-note' style='font-size:0.85em;margin-top:0.3em'><i>{_html.escape(cap)}"
+                "</i>.</p>") + foot
     return f"<div style='max-width:100%;overflow-x:auto'>{table}</div>{foot}"
 
 
