@@ -133,9 +133,6 @@ def test_chapter_8_formats_text_says_what_the_flags_say():
 
 # ---------------------------------------------------------------------------------------------- the pages
 
-# Rendered before the ISA words were formatted from the flags: chapter 8's notebook said "(AMX here)" as
-# fixed text (the AMD EPYC that ran reports/cpu has no AMX); they pass once re-rendered.
-STALE = {"cpu/ch08.html", "cpu/book.html"}
 SECTION = re.compile(r"""<section class=['"]chapter['"] id=['"]ch(\d\d)['"]""")
 
 
@@ -159,10 +156,7 @@ def _pages() -> list:
         return [pytest.param(None, marks=pytest.mark.skip(reason="no rendered pages under reports/*/"))]
     out = []
     for p in pages:
-        key = f"{p.parent.name}/{p.name}"
-        marks = [pytest.mark.xfail(reason="rendered before the ISA words came from provenance; passes once "
-                                          "the pages are re-rendered", strict=False)] if key in STALE else []
-        out.append(pytest.param(p, id=key, marks=marks))
+        out.append(pytest.param(p, id=f"{p.parent.name}/{p.name}"))
     return out
 
 
