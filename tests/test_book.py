@@ -194,3 +194,12 @@ def test_front_page_says_which_chapters_ran_on_which_machine(tmp_path):
     assert "chapter 2 on Intel Xeon (2 cores, ISA amx_bf16)" in text
     (tmp_path / "ch02.json").unlink()
     assert "on AMD EPYC (2 cores, ISA avx512_bf16), profile" in front.what_was_run(tmp_path, {"profile": "cpu"})
+
+
+def test_front_page_says_the_embedded_model_is_distributed_in_4_bit():
+    from studylib.workbook.front import _native_format_note
+
+    note = _native_format_note("smollm2-135m", compression_ran=True)
+    assert "Q4_1" in note and "cannot be measured" in note and "chapter 8" in note
+    assert "chapter 8" not in _native_format_note("smollm2-135m", compression_ran=False)
+    assert _native_format_note("tiny-random", compression_ran=True) == ""  # no GGUF: nothing to say

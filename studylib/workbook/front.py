@@ -117,7 +117,26 @@ def what_was_run(out: Path, index: Mapping[str, Any]) -> str:
             f"profile <b>{html.escape(str(index.get('profile')))}</b>, {html.escape(when)}, "
             f"from commit{'s' * (len(commits) > 1)} {', '.join(f'<code>{html.escape(c)}</code>' for c in commits)}; "
             f"torch {html.escape(', '.join(torch_versions))}. The chapters took "
-            f"{_duration(seconds)} in all (each chapter's time is in the table below).</p>")
+            f"{_duration(seconds)} in all (each chapter's time is in the table below).</p>"
+            + _native_format_note(str(model), 8 in saved))
+
+
+def _native_format_note(model: str, compression_ran: bool) -> str:
+    """For the embedded model: it is distributed in 4-bit, so what chapter 8 can and cannot measure."""
+    from studylib.errors import StudylibError
+    from studylib.models.weights import check_weights
+
+    try:
+        embedded = check_weights("gguf", model) == "gguf"
+    except StudylibError:
+        embedded = False
+    if not embedded:
+        return ""
+    return ("<p>The model is distributed in 4-bit: its GGUF file stores the linear layers as Q4_1 blocks, and the "
+            "study's fp32 model is those blocks widened. Its loss against a bf16 original therefore cannot be "
+            "measured here" + ("; chapter 8 measures instead the speed of keeping the native format and the loss "
+                               "of compressing further or changing the arithmetic" if compression_ran else "")
+            + ".</p>")
 
 
 def _duration(seconds: float) -> str:
