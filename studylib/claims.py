@@ -379,7 +379,8 @@ def judge_at_most(claim_id: str, metric: str, estimate: Any, threshold: float, c
 
 def judge_checks(claim_id: str, metric: str, checks: Mapping[str, bool], claimed: str, conditions: str,
                  chapter: int, measured: Any = None, role: str = "decision", n: int | None = None,
-                 unit: str | None = None, *, by_construction: bool = False, exact: bool = True) -> Verdict:
+                 unit: str | None = None, *, by_construction: bool = False, exact: bool = True,
+                 confidence: float = 0.95, tried: int | None = None) -> Verdict:
     """All-or-nothing: holds if every named check passes, otherwise does not hold (exactness, the
     distribution test, "outputs identical": a method exact on some workloads only is not exact).
 
@@ -388,8 +389,9 @@ def judge_checks(claim_id: str, metric: str, checks: Mapping[str, bool], claimed
     ``MIN_UNITS[unit]`` or the row is inconclusive. ``unit=None`` is for a structural check that is
     not a sample of anything (one formula against one measurement table). ``exact=False`` is for checks
     that compare CIs (C8's interactions): there a failure is no counterexample, so below the minimum n
-    the row is inconclusive whichever way it went. ``measured`` (optional) is the number shown in the
-    table; by default "k/N checks"."""
+    the row is inconclusive whichever way it went; ``confidence`` and ``tried`` record the level of
+    the CIs such checks compare (the caller's conditions say why). ``measured`` (optional) is the
+    number shown in the table; by default "k/N checks"."""
     if not checks:
         raise ValueError("judge_checks needs at least one check")
     passed = [k for k, v in checks.items() if bool(v)]
@@ -408,7 +410,7 @@ def judge_checks(claim_id: str, metric: str, checks: Mapping[str, bool], claimed
     return Verdict(claim_id, "", metric, p.value if p else f"{len(passed)}/{len(checks)} checks",
                    p.ci if p else None, claimed, verdict, _join(conditions, note), chapter,
                    n=row_n, threshold=None, direction=CHECK, role=role, unit=unit,
-                   by_construction=by_construction)
+                   by_construction=by_construction, confidence=confidence, tried=tried)
 
 
 _ORDER = {HOLDS: 3, CONDITIONAL: 2, INCONCLUSIVE: 1, FAILS: 0}

@@ -26,7 +26,7 @@ import torch
 
 from studylib.bench.stats import Estimate
 from studylib.errors import StudylibError
-from studylib.eval.perplexity import KVFactory, _dense
+from studylib.eval.perplexity import KVFactory, teacher_forced
 
 # How byte-level BPE (GPT-2, SmolLM2) and SentencePiece spell a leading space or newline in their
 # vocabulary strings. Checked besides the decoded text because SentencePiece decoders drop the
@@ -148,21 +148,9 @@ def greedy_argmax(model, ids: Sequence[int], kv_factory: KVFactory | None = None
     """The model's argmax at every position but the last, (len(ids) - 1,) on CPU, fed ``chunk`` new
     tokens at a time into one cache exactly as ``perplexity`` does, so a sparse cache is judged on the
     context it would really keep. Only one chunk's logits exist at a time."""
-    x = torch.as_tensor(ids, dtype=torch.long).flatten()
-    T = int(x.numel())
-    if T < 2:
-        raise StudylibError("scoring needs at least 2 tokens.")
-    if chunk < 1:
-        raise StudylibError("chunk must be at least 1 token.")
-    cfg = model.config
-    if T > cfg.max_position_embeddings:
-        raise StudylibError(f"{T} tokens exceed the model's context window of {cfg.max_position_embeddings}.")
-    kv = (kv_factory or _dense)(cfg, T, model.device, model.dtype)
-    x = x.to(model.device)
-    out = torch.empty(T - 1, dtype=torch.long)
-    for s in range(0, T - 1, chunk):  # the last token is only a target
-        n = min(chunk, T - 1 - s)
-        logits = model.forward(x[s : s + n][None], kv.begin(n), logits="all").logits[0]
+    T = len(ids) if not torch.is_tensor(ids) else int(ids.numel())
+    out = torch.empty(max(T - 1, 0), dtype=torch.long)
+    for s, n, logits in teacher_forced(model, ids, chunk, kv_factory, "scoring"):
         out[s : s + n] = logits.argmax(-1).cpu()
     return out
 

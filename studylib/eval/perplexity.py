@@ -33,6 +33,34 @@ def _dense(cfg, max_len, device, dtype):
     return DenseKVCache(cfg, 1, max_len, device, dtype)
 
 
+def teacher_forced(model, token_ids, chunk: int = 256, kv_factory: KVFactory | None = None, what: str = "perplexity",
+                   progress: bool = False):
+    """Feed ``token_ids`` through one cache ``chunk`` new tokens at a time, as decoding would see it, and
+    yield ``(start, n, logits)`` per chunk: ``logits`` (n, V) predict tokens ``start + 1 .. start + n``.
+    The last token is only a target, never an input. Checks the text first (``what`` names the caller
+    in the errors). Only one chunk's logits exist at a time."""
+    ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
+    T = int(ids.numel())
+    if T < 2:
+        raise StudylibError(f"{what} needs at least 2 tokens (one to condition on, one to predict).")
+    if chunk < 1:
+        raise StudylibError("chunk must be at least 1 token.")
+    cfg = model.config
+    if T > cfg.max_position_embeddings:
+        raise StudylibError(f"{T} tokens exceed the model's context window of {cfg.max_position_embeddings}; "
+                            "use a shorter text.")
+    kv = (kv_factory or _dense)(cfg, T, model.device, model.dtype)
+    ids = ids.to(model.device)
+    starts = range(0, T - 1, chunk)
+    if progress:
+        from studylib.progress import progress_bar
+
+        starts = progress_bar(starts, desc=what, unit="chunk")
+    for s in starts:
+        n = min(chunk, T - 1 - s)
+        yield s, n, model.forward(ids[s : s + n][None], kv.begin(n), logits="all").logits[0]
+
+
 def perplexity(model, token_ids, chunk: int = 256, kv_factory: KVFactory | None = None,
                progress: bool = False) -> PerplexityResult:
     """Perplexity of ``token_ids`` (a list or 1-D tensor) under ``model``.
@@ -42,28 +70,10 @@ def perplexity(model, token_ids, chunk: int = 256, kv_factory: KVFactory | None 
     """
     ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
     T = int(ids.numel())
-    if T < 2:
-        raise StudylibError("perplexity needs at least 2 tokens (one to condition on, one to predict).")
-    if chunk < 1:
-        raise StudylibError("chunk must be at least 1 token.")
-    cfg = model.config
-    if T > cfg.max_position_embeddings:
-        raise StudylibError(f"{T} tokens exceed the model's context window of {cfg.max_position_embeddings}; "
-                            "use a shorter text.")
-    device = model.device
-    kv = (kv_factory or _dense)(cfg, T, device, model.dtype)
-    ids = ids.to(device)
-    nll = torch.empty(T - 1, dtype=torch.float32)
-    starts = range(0, T - 1, chunk)  # the last token is only a target, never an input
-    if progress:
-        from studylib.progress import progress_bar
-
-        starts = progress_bar(starts, desc="perplexity", unit="chunk")
-    for s in starts:
-        n = min(chunk, T - 1 - s)
-        x = ids[s : s + n][None]  # (1, n)
-        logits = model.forward(x, kv.begin(n), logits="all").logits[0].float()  # (n, V)
-        nll[s : s + n] = F.cross_entropy(logits, ids[s + 1 : s + n + 1], reduction="none").cpu()
+    nll = torch.empty(max(T - 1, 0), dtype=torch.float32)
+    for s, n, logits in teacher_forced(model, ids, chunk, kv_factory, "perplexity", progress):
+        nll[s : s + n] = F.cross_entropy(logits.float(), ids[s + 1 : s + n + 1].to(logits.device),
+                                         reduction="none").cpu()
     mean = float(nll.mean())
     return PerplexityResult(ppl=math.exp(mean), nll=mean, tokens=T - 1, token_nll=nll)
 

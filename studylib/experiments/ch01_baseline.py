@@ -120,16 +120,6 @@ def step_time_vs_batch(model: LlamaModel, batches: Sequence[int], context: int, 
     return df
 
 
-def step_growth(steps: pd.DataFrame, batch: int):
-    """Estimate (CI over repeats) of one step's time at ``batch`` over its time at batch 1, paired by
-    repeat."""
-    from studylib.bench.stats import ratio_estimate
-
-    one = steps[steps["batch"] == 1].set_index("repeat")["step_s"]
-    b = steps[steps["batch"] == batch].set_index("repeat")["step_s"].reindex(one.index)
-    return ratio_estimate(b.to_numpy(), one.to_numpy())
-
-
 def batch_scaling(steps: pd.DataFrame) -> pd.DataFrame:
     """Per batch size: median step time with its CI, tokens/s, and time relative to batch 1."""
     out = []
@@ -285,15 +275,11 @@ def judge_c2(fraction_row, points: pd.DataFrame, probe: dict, kv: pd.DataFrame, 
     check = kv_check(kv)
     held = judge_checks("C2", "KV-cache memory follows the formula", check["rows"],
                         "held state grows with context x batch",
-                        _join_note(conditions, f"every row kept; a fixed {check['overhead_mb']:.2f} MB per cache "
-                                               "beyond its tensors (page rounding) is reported, not hidden"),
+                        "; ".join(p for p in (conditions, f"every row kept; a fixed {check['overhead_mb']:.2f} MB per "
+                                              "cache beyond its tensors (page rounding) is reported, not hidden") if p),
                         chapter=1)
     return decide_parts("C2", "memory traffic and held state dominate", [intensity, traffic, held],
                         "memory traffic (weights + KV) dominates", conditions, chapter=1)
-
-
-def _join_note(*parts: str) -> str:
-    return "; ".join(p for p in parts if p)
 
 
 def probe_machine(device: str, dtype: str, mbytes: int = 256, repeats: int = 3) -> dict:

@@ -146,19 +146,6 @@ def fastest_faithful(by_engine: pd.DataFrame) -> pd.Series:
     return faithful.sort_values("tok_s", ascending=False).iloc[0]
 
 
-def identical_outputs(runs: pd.DataFrame) -> dict:
-    """Whether the faithful engines wrote the same greedy tokens on every prompt (they compute the same
-    weights; a difference would be arithmetic, and is shown)."""
-    out = {}
-    ref = runs[runs.engine == "dense per-op"].set_index("prompt")["tokens"] if "dense per-op" in set(runs.engine) else None
-    for name in FAITHFUL:
-        g = runs[runs.engine == name].set_index("prompt")["tokens"]
-        if ref is None or g.empty:
-            continue
-        out[name] = int(sum(list(g[p]) == list(ref[p]) for p in g.index))
-    return out
-
-
 def explain(share: dict, by_engine: pd.DataFrame, decisive: pd.Series) -> str:
     e = share["estimate"]
     if share.get("reason"):

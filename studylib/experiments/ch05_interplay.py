@@ -15,7 +15,6 @@ with c the draft's cost per token relative to the target's (chapter 2's cost rat
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -223,12 +222,11 @@ def judge_c8(runs: pd.DataFrame, conditions: str, scheduler: str = "continuous",
             "Bonferroni-corrected")
     local = judge_checks("C8", f"{TTFT_NOT_TPOT} ({nums})", rule["not_tpot"],
                          "caching helps TTFT, not TPOT: the gain is local", note, CHAPTER, measured=tpot,
-                         n=n, unit="repeats", exact=False)
+                         n=n, unit="repeats", exact=False, confidence=g["confidence"], tried=2)
     both = judge_checks("C8", f"{TPOT_TOO} at saturation (an interaction with batching) ({nums})", rule["tpot_too"],
                         "gains interact: the cache shortens decoding when prefill shares its steps", note, CHAPTER,
-                        measured=tpot, n=n, unit="repeats", exact=False)
-    rows = [dataclasses.replace(r, confidence=g["confidence"], tried=2) for r in (local, both)]
-    return decide_conditions("C8", "measured interactions of the gains", rows,
+                        measured=tpot, n=n, unit="repeats", exact=False, confidence=g["confidence"], tried=2)
+    return decide_conditions("C8", "measured interactions of the gains", [local, both],
                              "local accelerations do not compose", conditions, CHAPTER,
                              names=["helps TTFT, not TPOT", "shortens TPOT too (an interaction with batching)"])
 

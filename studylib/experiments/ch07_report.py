@@ -9,7 +9,6 @@ modelled checks are shown and not counted.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import os
 import pkgutil
@@ -370,10 +369,9 @@ def judge_c8(checks: Mapping[str, dict], conditions: str) -> list[Verdict]:
     for name, v in measured.items():
         row = judge_checks("C8", name, v.get("checks") or {name: v["passed"]}, "gains are local and interact",
                            conditions, cc.CHAPTER, measured=v.get("estimate"), n=v.get("n"), unit=v.get("unit"),
-                           exact=False)
-        if v.get("confidence", 0.95) != 0.95:
-            row = dataclasses.replace(row, confidence=v["confidence"], conditions="; ".join(
-                [row.conditions, f"{v['confidence']:.1%} CIs: one CI per workload tried, Bonferroni-corrected"]))
+                           exact=False, confidence=v.get("confidence", 0.95))
+        if row.confidence != 0.95:  # the note goes last, after the checks' own
+            row.conditions = f"{row.conditions}; {row.confidence:.1%} CIs: one CI per workload tried, Bonferroni-corrected"
         rows.append(row)
     models = [k for k, v in checks.items() if not v["measured"]]
     note = f"not counted (models): {'; '.join(models)}" if models else ""
