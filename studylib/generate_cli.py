@@ -28,6 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--weights", default="dense",
                    help="dense (default) | gguf (the embedded model's own Q4_1/Q8_0 blocks) | q8_0 | q4_0 | q4_1 | awq4")
+    p.add_argument("--act", default="fp32", help="fp32 (default: the exact model) | int8 (activations rounded to int8 per 32-block, integer dot products; needs block-format --weights)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompts", help="JSONL file: id plus prompt or messages per line")
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     get_decoder(args.method)  # fail on an unknown method before the model loads
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     records = read_prompts(args.prompts) if args.prompts else [PromptRecord("prompt", prompt=args.prompt)]
-    model, tok = load_model(args.model, args.device, args.dtype, weights=args.weights)
+    model, tok = load_model(args.model, args.device, args.dtype, weights=args.weights, act=args.act)
     if args.method == "speculative" and "draft" in options:
         if str(options["draft"]).split(":")[0] == "eagle":
             from studylib.decoding.eagle import resolve_eagle
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         ids = encode(tok, rec, chat=args.chat)
         res = decode(args.method, model, ids, args.max_new_tokens, sampling, tokenizer=tok, **options)
         if args.json:
-            row = {"id": rec.id, "method": args.method, "model": model.config.name, "weights": args.weights,
+            row = {"id": rec.id, "method": args.method, "model": model.config.name, "weights": args.weights, "act": args.act,
                    **res.to_dict()}
             row["random_weights"] = model.config.random_weights
             print(json.dumps(row), flush=True)

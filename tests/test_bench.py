@@ -28,3 +28,21 @@ def test_roofline_bytes_and_limit():
     tps = roofline_tokens_per_s(cfg, 0, "bfloat16", 10.0)
     assert abs(tps - 10e9 / b0) < 1e-6
     assert roofline_tokens_per_s(cfg, 0, "bfloat16", 10.0, batch=8) > 7 * tps  # weights shared by the batch
+
+
+def test_bench_steps_measures_v_of_k_and_labels_the_roofline_a_model(tmp_path):
+    """``bench steps`` on a tiny block model with int8 activations: every row count measured, v(1) = 1,
+    the ridge point from the measured peak and bandwidth, the kernel path named, the JSON written."""
+    from studylib.bench.steps import parse_rows, run_steps, summary_lines
+
+    assert parse_rows("4,2") == [1, 2, 4]
+    res = run_steps("tiny-random", "q4_1", "int8", [1, 2, 4], context=8, repeats=2, threads=1, out_dir=tmp_path,
+                    progress=False)
+    steps = {s["rows"]: s for s in res["steps"]}
+    assert sorted(steps) == [1, 2, 4] and steps[1]["v"] == 1.0 and all(s["n"] == 2 for s in steps.values())
+    assert all(s["path"] == "fused" for s in steps.values())
+    assert "int8" in res["kernel"] and res["provenance"]["int8_kernel"] in res["kernel"]
+    curve = res["model_curve"]
+    assert curve["ridge_rows"] > 0 and curve["v_model"]["1"] == 1.0
+    assert (tmp_path / "steps_q4_1_int8.json").exists()
+    assert any("not a measurement" in line for line in summary_lines(res))

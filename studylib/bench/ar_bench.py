@@ -39,11 +39,12 @@ def run_ar_bench(
     probe: dict | None = None,
     progress: bool = True,
     weights: str = "dense",
+    act: str = "fp32",
 ) -> dict:
     from studylib.models import load_hf_model, load_model
 
     torch.set_num_threads(threads)
-    model, tok = load_model(model_name, device, dtype, weights=weights)
+    model, tok = load_model(model_name, device, dtype, weights=weights, act=act)
     hf = load_hf_model(model_name, device, dtype)
     prompts = [encode(tok, r) for r in default_prompts(n_prompts)]
     eos = model.config.eos_token_ids[0] if model.config.eos_token_ids else None
@@ -108,7 +109,8 @@ def run_ar_bench(
         "identical_to_hf": sum(same) / len(same),
         "mean_context": mean_ctx,
         "probe": probe,
-        "provenance": provenance(model=model_name, dtype=dtype, weights=weights, threads=threads, device=device),
+        "provenance": provenance(model=model_name, dtype=dtype, weights=weights, act=act, threads=threads,
+                                 device=device),
     }
     if out_dir is not None:
         out = Path(out_dir)

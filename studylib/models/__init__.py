@@ -156,22 +156,24 @@ def _load_weights(directory: Path, cfg: ModelConfig, device: torch.device, dtype
 
 def load_model(
     name: str = DEFAULT_MODEL, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
-    weights: str = "dense",
+    weights: str = "dense", act: str = "fp32",
 ) -> tuple[LlamaModel, object]:
     """Load ``name`` as a runtime model plus its tokenizer (see the module docstring for names).
 
     ``weights``: ``dense`` or a block format (``studylib.models.weights``: gguf, q8_0, q4_0, q4_1,
-    awq4), which computes in fp32 on CPU."""
-    from studylib.models.weights import apply_weights, check_weights
+    awq4), which computes in fp32 on CPU. ``act``: the arithmetic of those linears' activations
+    (``fp32``, or ``int8``: see ``models.weights.apply_act``)."""
+    from studylib.models.weights import apply_act, apply_weights, check_act, check_weights
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     name = ALIASES.get(name, name)
     check_weights(weights, name, dev)
+    check_act(act, weights)
     if weights != "dense" and dt != torch.float32:
         raise StudylibError(f"--weights {weights} computes in fp32; drop --dtype {dtype} or use --weights dense.")
     model, tok = _load_dense(name, dev, dt)
-    return apply_weights(model, weights), tok
+    return apply_act(apply_weights(model, weights), act), tok
 
 
 def _load_dense(name: str, dev: torch.device, dt: torch.dtype) -> tuple[LlamaModel, object]:
@@ -229,7 +231,8 @@ def load_hf_model(name: str = DEFAULT_MODEL, device: str = "cpu", dtype: str | t
 def describe(model: LlamaModel) -> dict:
     c = model.config
     return {"model": c.name, "random_weights": c.random_weights, "params": c.num_params,
-            "dtype": str(model.dtype).replace("torch.", ""), "device": str(model.device)}
+            "dtype": str(model.dtype).replace("torch.", ""), "device": str(model.device),
+            "weights": model.weights_format, "act": model.act}
 
 
 def config_json(model: LlamaModel) -> str:

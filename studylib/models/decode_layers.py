@@ -60,9 +60,16 @@ def path(model, kv, rows: int) -> str:
     return "fused" if ok else "torch"
 
 
+I8_BASE = 10  # csrc/decode_layers.c: format codes of weights packed for int8 activations
+
+
 def _weight(w) -> tuple[int, int]:
     """(data pointer, kernel format code) of a block weight or a contiguous fp32 tensor."""
     if isinstance(w, QuantTensor):
+        if w.act == "int8":
+            from studylib.models import int8_linear
+
+            return int8_linear.pack(w).data_ptr(), I8_BASE + int8_linear.CODES[w.fmt]
         return w.data.data_ptr(), FORMATS[w.fmt][0]
     if w.dtype != torch.float32 or not w.is_contiguous():
         raise StudylibError("decode_layers takes block-format or contiguous fp32 weights")
@@ -72,7 +79,7 @@ def _weight(w) -> tuple[int, int]:
 def _layers(model, kv: DenseKVCache):
     # The pointer table is rebuilt only when the cache or the model's weights change (~0.1 ms to build).
     first = model.model.layers[0].self_attn.qkv_weight
-    key = (id(model), id(kv), id(first))
+    key = (id(model), id(kv), id(first), getattr(first, "act", None))
     cached = getattr(kv, "_decode_layers", None)
     if cached is not None and cached[0] == key:
         return cached[1]
@@ -110,6 +117,11 @@ def run(model, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: DenseK
     mask_u8 = None
     if mask is not None:
         mask_u8 = mask.expand(B, 1, T, kv.length).reshape(B, T, kv.length).to(torch.uint8).contiguous()
+    if getattr(model, "act", "fp32") == "int8":
+        from studylib.models import int8_linear
+
+        # The int8 linears live in their own library (one build per ISA path): hand over its entry.
+        lib().decode_layers_set_i8(ctypes.cast(int8_linear.lib().i8_linear, ctypes.c_void_p))
     rc = lib().decode_layers(
         c.num_layers, ctypes.addressof(_layers(model, kv)), x.data_ptr(), B, T, hid, c.num_heads,
         c.num_kv_heads, c.head_dim, c.intermediate_size, float(c.rms_norm_eps), cos_t.data_ptr(),

@@ -143,6 +143,7 @@ class LlamaModel(nn.Module):
     """The runtime model. ``forward`` runs new tokens through every layer against a KV view."""
 
     weights_format = "dense"  # or a block format, set by models.weights.apply_weights
+    act = "fp32"  # the activations' arithmetic in block-format linears, set by models.weights.apply_act
     fused_decode = False  # dense fp32 only: run small steps through decode_layers too (chapter 8's reference)
 
     def __init__(self, cfg: ModelConfig):

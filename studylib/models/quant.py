@@ -53,6 +53,7 @@ class QuantTensor:
     fmt: str
     shape: tuple[int, int]
     prefill_dtype: torch.dtype = torch.float32  # bf16: long steps multiply in bf16 (``+bf16prefill``)
+    act: str = "fp32"  # int8: every step rounds x per block and multiplies in integers (``int8_linear``)
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -208,6 +209,8 @@ def lib():
         so.decode_layers.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_int] * 7,
                                       ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                       ctypes.c_void_p, ctypes.c_int]
+        so.decode_layers_set_i8.argtypes = [ctypes.c_void_p]
+        so.decode_layers_set_i8.restype = None
         _libs[name] = so
     return _libs[name]
 
@@ -233,9 +236,16 @@ def kernel_linear(x: torch.Tensor, w: QuantTensor, bias: torch.Tensor | None = N
 
 
 def linear(x: torch.Tensor, w: QuantTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ w.T + bias`` in fp32 (returned in x's dtype): the kernel for few rows, else dequantise + GEMM."""
+    """``x @ w.T + bias`` in fp32 (returned in x's dtype): the kernel for few rows, else dequantise + GEMM;
+    with ``w.act == "int8"``, the int8 kernel for every row count."""
     if x.shape[-1] != w.shape[1]:
         raise ValueError(f"linear: x has width {x.shape[-1]}, the {w.fmt} weight {w.shape[1]}")
+    if w.act == "int8" and x.device.type == "cpu":
+        # One arithmetic for every row count (decode, verification, batches, prefill): see int8_linear.
+        from studylib.models import int8_linear
+
+        y = int8_linear.linear(x, w, bias)
+        return y if x.dtype is torch.float32 else y.to(x.dtype)
     rows = x.numel() // max(x.shape[-1], 1)
     if rows <= KERNEL_MAX_ROWS and x.device.type == "cpu" and lib() is not None:
         y = kernel_linear(x, w, bias)

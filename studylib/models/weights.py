@@ -14,6 +14,12 @@
 
 Activations, norms, RoPE and the KV cache stay fp32 in every format; only linear weights and the
 embedding change form.
+
+``--act ARITH`` (``apply_act``) picks what the block-format linears multiply x in:
+- ``fp32`` (default): x stays fp32 and the weights are widened to fp32 in registers: the exact model;
+- ``int8``: each row of x is rounded to int8 per 32-block with an fp32 scale (llama.cpp's scheme) and
+  multiplied in integer dot products (``int8_linear``): a model of its own, the same for every row
+  count, so lossless methods stay token-identical to AR under it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from studylib.errors import StudylibError
 from studylib.models.quant import QuantTensor, quantize
 
 WEIGHT_FORMATS = ("dense", "gguf", "q8_0", "q4_0", "q4_1", "awq4")
+ACTS = ("fp32", "int8")
 OPTIONS = ("bf16prefill",)  # FORMAT+OPTION
 _GGUF_MODELS = ("smollm2-135m",)
 
@@ -90,6 +97,33 @@ def apply_weights(model, fmt: str, *, calibration: torch.Tensor | None = None):
             qt.prefill_dtype = torch.bfloat16
     _install(model, tensors)
     model.weights_format = name
+    return model
+
+
+def check_act(act: str, weights: str = "gguf") -> str:
+    """Validate an ``--act`` value against the ``--weights`` it composes with; returns it."""
+    if act not in ACTS:
+        raise StudylibError(f"unknown --act {act!r}; use one of {', '.join(ACTS)}.")
+    if act != "fp32" and weights.partition("+")[0] == "dense":
+        raise StudylibError(f"--act {act} rounds the activations of block-format linears; add --weights gguf "
+                            "(or q8_0 / q4_0 / q4_1 / awq4), or use --act fp32 with dense weights.")
+    return act
+
+
+def apply_act(model, act: str):
+    """Make every block-format linear of ``model`` multiply in ``act`` (in place; returns the model).
+    The weights are packed for the int8 kernel here, once, so no timed step pays for it."""
+    check_act(act, model.weights_format)
+    if act == model.act:
+        return model
+    from studylib.models import int8_linear
+
+    for w in linear_weights(model):
+        if isinstance(w, QuantTensor):
+            w.act = act
+            if act == "int8":
+                int8_linear.pack(w)
+    model.act = act
     return model
 
 

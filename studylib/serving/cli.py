@@ -58,6 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32 (CPU default) | bfloat16 | float16 (CUDA only)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--weights", default="dense", help="dense | gguf | q8_0 | q4_0 | q4_1 | awq4 (CPU, fp32)")
+    p.add_argument("--act", default="fp32", help="fp32 (default: the exact model) | int8 (activations rounded to int8 per 32-block, integer dot products; needs block-format --weights)")
     p.add_argument("--records", default=None, help="write one JSONL line per request to this file")
     p.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
     p.add_argument("--json", action="store_true", help="print one JSON summary object")
@@ -73,11 +74,12 @@ def run(args: argparse.Namespace) -> int:
         raise StudylibError(f"--num-requests must be >= 1, got {args.num_requests}.")
     if args.max_new_tokens < 1:
         raise StudylibError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
-    if args.batch_invariant and args.weights != "dense":
+    if args.batch_invariant and args.weights != "dense" and args.act != "int8":
         # The invariant mode swaps the dense linears and attention for batch-invariant ones; block
-        # weights and the fused decode step have their own arithmetic, not covered by that guarantee.
-        raise StudylibError(f"--batch-invariant covers --weights dense only; drop one of --batch-invariant and "
-                            f"--weights {args.weights}.")
+        # weights with fp32 activations have their own arithmetic, not covered by that guarantee (int8
+        # activations are: their linears are row-invariant by construction, see models.int8_linear).
+        raise StudylibError(f"--batch-invariant covers --weights dense, or block weights with --act int8; drop "
+                            f"--batch-invariant or add --act int8 to --weights {args.weights}.")
     slo = {k: v for k, v in (("ttft_s", args.slo_ttft), ("tpot_s", args.slo_tpot), ("e2el_s", args.slo_e2el))
            if v is not None}
     config = EngineConfig(
@@ -85,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         max_running=args.max_running, chunk_size=args.chunk_size, cache_aware=args.cache_aware,
         max_bypass=args.max_bypass, block_size=args.block_size, kv_budget_mib=args.kv_budget_mib,
         batch_invariant=args.batch_invariant)
-    model, tok = load_model(args.model, args.device, args.dtype, weights=args.weights)
+    model, tok = load_model(args.model, args.device, args.dtype, weights=args.weights, act=args.act)
     items = make_workload(args.workload, args.num_requests, args.seed, args.max_new_tokens, tok)
     requests = to_requests(items, tok, rate=args.rate, burstiness=args.burstiness, seed=args.seed,
                            max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos)
@@ -102,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     result = engine.run(requests, progress=args.progress)
     summary = result.summary(slo)
     summary.update(model=model.config.name, random_weights=model.config.random_weights,
+                   weights=args.weights, act=args.act,
                    scheduler=args.scheduler, prefix_cache=args.prefix_cache,
                    rate=args.rate if math.isfinite(args.rate) else "inf",
                    workload=args.workload)

@@ -12,12 +12,30 @@
  * Row invariance, by construction: every row's arithmetic is a fixed sequence that does not depend on
  * B, T or the row's place, and the cache slots a row reads were written by the same code. So a token
  * verified in a block of T (speculative, Jacobi, trees) has the bits it has when decoded alone.
+ * With int8 activations (weights coded I8_BASE + fmt) the linears round each row's input per block,
+ * which is also per row, so the same holds.
  * Mask: NULL means causal (row t sees slots [0, s + t]); else uint8 (B, T, s + T), 1 = visible.
  */
 #include <math.h>
 #include <omp.h>
 
 #include "quant_linear.c"
+
+/* Weights with format code I8_BASE + fmt are packed for int8 activations (`--act int8`) and go to
+ * int8_linear.c's i8_linear, a separate library (one build per ISA path) whose entry point Python
+ * hands over with decode_layers_set_i8 before the call. */
+#define I8_BASE 10
+typedef int (*i8_linear_fn)(int, const float *, ptrdiff_t, const uint8_t *, const float *, float *, int, int,
+                            int, int);
+static i8_linear_fn i8_linear_ptr = NULL;
+void decode_layers_set_i8(void *fn) { i8_linear_ptr = (i8_linear_fn)fn; }
+
+static int linear(int fmt, const float *x, ptrdiff_t ldx, const uint8_t *w, const float *bias, float *y, int M,
+                  int K, int N, int nthreads) {
+    if (fmt >= I8_BASE)
+        return i8_linear_ptr ? i8_linear_ptr(fmt - I8_BASE, x, ldx, w, bias, y, M, K, N, nthreads) : -3;
+    return quant_linear(fmt, x, ldx, w, bias, y, M, K, N, nthreads);
+}
 
 typedef struct {
     const uint8_t *w[4];   /* qkv, o, gate_up, down blocks */
@@ -26,6 +44,59 @@ typedef struct {
     const float *norm_in, *norm_post;
     float *k_cache, *v_cache; /* (B, Hkv, max_len, D) */
 } layer_t;
+
+/* exp(x) as one fixed sequence of IEEE operations (Cephes' expf: x = n ln2 + r, a degree-7 polynomial
+ * in r, times 2^n; within 2 ulp of expf), in a scalar and a vector form that give the same bits, so
+ * that SiLU and softmax run in vector lanes and a row's result still does not depend on where its
+ * elements fall (lanes or the scalar tail). Plain mul/add, no FMA (-ffp-contract=off). */
+#define EXP_HI 88.0f
+#define EXP_LO -87.0f
+static const float EXP_C[] = {1.9875691500E-4f, 1.3981999507E-3f, 8.3334519073E-3f, 4.1665795894E-2f,
+                              1.6666665459E-1f, 5.0000001201E-1f};
+static inline float exp_fixed(float x) {
+    x = x > EXP_HI ? EXP_HI : x < EXP_LO ? EXP_LO : x;
+    const float n = nearbyintf(x * 1.44269504088896341f);
+    const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    float p = EXP_C[0];
+    for (int i = 1; i < 6; i++) p = p * r + EXP_C[i];
+    p = (p * (r * r) + r) + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+static inline vf vexp_fixed(vf x) {
+#if LANES == 16
+    x = _mm512_min_ps(_mm512_max_ps(x, VSET1(EXP_LO)), VSET1(EXP_HI));
+    const __m512 n = _mm512_roundscale_ps(VMUL(x, VSET1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, VMUL(n, VSET1(0.693359375f))), VMUL(n, VSET1(-2.12194440e-4f)));
+    __m512 p = VSET1(EXP_C[0]);
+    for (int i = 1; i < 6; i++) p = _mm512_add_ps(VMUL(p, r), VSET1(EXP_C[i]));
+    p = _mm512_add_ps(_mm512_add_ps(VMUL(p, VMUL(r, r)), r), VSET1(1.0f));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return VMUL(p, _mm512_castsi512_ps(e));
+#else
+    x = _mm256_min_ps(_mm256_max_ps(x, VSET1(EXP_LO)), VSET1(EXP_HI));
+    const __m256 n = _mm256_round_ps(VMUL(x, VSET1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, VMUL(n, VSET1(0.693359375f))), VMUL(n, VSET1(-2.12194440e-4f)));
+    __m256 p = VSET1(EXP_C[0]);
+    for (int i = 1; i < 6; i++) p = _mm256_add_ps(VMUL(p, r), VSET1(EXP_C[i]));
+    p = _mm256_add_ps(_mm256_add_ps(VMUL(p, VMUL(r, r)), r), VSET1(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return VMUL(p, _mm256_castsi256_ps(e));
+#endif
+}
+
+/* g = silu(g) * u, element-wise: g / (1 + exp(-g)) * u. */
+static void silu_mul(float *g, const float *u, int n) {
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        vf gv = VLOAD(g + i);
+        vf den = VADD(VSET1(1.0f), vexp_fixed(VSUB(VZERO(), gv)));
+        VSTORE(g + i, VMUL(VDIV(gv, den), VLOAD(u + i)));
+    }
+    for (; i < n; i++) g[i] = g[i] / (1.0f + exp_fixed(-g[i])) * u[i];
+}
 
 static void rmsnorm_rows(const float *x, const float *w, float eps, float *out, int M, int K) {
     for (int m = 0; m < M; m++) {
@@ -58,6 +129,49 @@ static inline float dot(const float *q, const float *k, int D) {
     return d;
 }
 
+/* q . k_j for LANES keys at once (fewer when n < LANES): each key's D products summed in lanes as
+ * dot() does, then the LANES vectors reduced together by a transposing tree that sums every key's
+ * lanes in one fixed order, the same for each key and wherever it sits in the block (~3 operations a
+ * key instead of a full horizontal sum each). */
+static inline void dots_block(const float *q, const float *K, int D, int n, float *out) {
+    vf v[LANES];
+    for (int j = 0; j < LANES; j++) {
+        if (j >= n) { v[j] = VZERO(); continue; }
+        const float *k = K + (size_t)j * D;
+        vf acc = VMUL(VLOAD(q), VLOAD(k));
+        for (int i = LANES; i < D; i += LANES) acc = VFMA(VLOAD(q + i), VLOAD(k + i), acc);
+        v[j] = acc;
+    }
+#if LANES == 16
+    __m512 c[8], e[4];
+    for (int i = 0; i < 8; i++)  /* per 128-bit lane: elements (0 + 2), (1 + 3) of keys 2i, 2i + 1 */
+        c[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) { /* per 128-bit lane: the lane's 4 elements of keys 4i .. 4i + 3 */
+        __m512d a = _mm512_castps_pd(c[2 * i]), b = _mm512_castps_pd(c[2 * i + 1]);
+        e[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    /* Across the four 128-bit lanes: (L0 + L1) and (L2 + L3), then their sum. */
+    __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(e[0], e[1], 0x88), _mm512_shuffle_f32x4(e[0], e[1], 0xdd));
+    __m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(e[2], e[3], 0x88), _mm512_shuffle_f32x4(e[2], e[3], 0xdd));
+    __m512 r = _mm512_add_ps(_mm512_shuffle_f32x4(t, u, 0x88), _mm512_shuffle_f32x4(t, u, 0xdd));
+#else
+    __m256 c[4], e[2];
+    for (int i = 0; i < 4; i++)
+        c[i] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 2; i++) {
+        __m256d a = _mm256_castps_pd(c[2 * i]), b = _mm256_castps_pd(c[2 * i + 1]);
+        e[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)), _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
+    }
+    __m256 r = _mm256_add_ps(_mm256_permute2f128_ps(e[0], e[1], 0x20), _mm256_permute2f128_ps(e[0], e[1], 0x31));
+#endif
+    if (n >= LANES) VSTORE(out, r);
+    else {
+        float tmp[LANES];
+        VSTORE(tmp, r);
+        for (int j = 0; j < n; j++) out[j] = tmp[j];
+    }
+}
+
 int decode_layers(
         int L, const layer_t *layers, float *x /* (B*T, hid), updated in place */,
         int B, int T, int hid, int H, int Hkv, int D, int inter, float eps,
@@ -76,7 +190,7 @@ int decode_layers(
     for (int l = 0; l < L && !rc; l++) {
         const layer_t *ly = layers + l;
         rmsnorm_rows(x, ly->norm_in, eps, h, M, hid);
-        rc |= quant_linear(ly->fmt[0], h, hid, ly->w[0], ly->qkv_bias, qkv, M, hid, QKV, nthreads);
+        rc |= linear(ly->fmt[0], h, hid, ly->w[0], ly->qkv_bias, qkv, M, hid, QKV, nthreads);
         /* RoPE, then the new keys and values into their cache slots. */
         for (int b = 0; b < B; b++)
             for (int t = 0; t < T; t++) {
@@ -100,34 +214,70 @@ int decode_layers(
             const uint8_t *mrow = mask ? mask + ((size_t)b * T + t) * S : NULL;
             int upto = mask ? S : s + t + 1;
             float mx = -INFINITY;
-            for (int j = 0; j < upto; j++) {
+            if (D % LANES == 0)
+                for (int j = 0; j < upto; j += LANES) dots_block(q, K + (size_t)j * D, D, upto - j, sc + j);
+            else
+                for (int j = 0; j < upto; j++) sc[j] = dot(q, K + (size_t)j * D, D);
+            /* Scale, mask, max: element-wise (the max is exact in any order), in lanes. */
+            int jv = 0;
+            if (!mrow) {
+                vf vmx = VSET1(-INFINITY);
+                for (; jv + LANES <= upto; jv += LANES) {
+                    vf v = VMUL(VLOAD(sc + jv), VSET1(scale));
+                    VSTORE(sc + jv, v);
+                    vmx = VMAX(vmx, v);
+                }
+                float lanes[LANES];
+                VSTORE(lanes, vmx);
+                for (int i = 0; i < LANES; i++) mx = lanes[i] > mx ? lanes[i] : mx;
+            }
+            for (int j = jv; j < upto; j++) {
                 if (mrow && !mrow[j]) { sc[j] = -INFINITY; continue; }
-                sc[j] = dot(q, K + (size_t)j * D, D) * scale;
+                sc[j] *= scale;
                 if (sc[j] > mx) mx = sc[j];
             }
-            float sum = 0.0f;
-            for (int j = 0; j < upto; j++) {
-                sc[j] = sc[j] == -INFINITY ? 0.0f : expf(sc[j] - mx);
-                sum += sc[j];
+            /* Masked scores are -inf; exp_fixed clamps, so they are zeroed explicitly. */
+            int j0 = 0;
+            for (; j0 + LANES <= upto; j0 += LANES) {
+                vf v = VLOAD(sc + j0);
+                VSTORE(sc + j0, VMASKINF(v, vexp_fixed(VSUB(v, VSET1(mx)))));
             }
+            for (; j0 < upto; j0++) sc[j0] = sc[j0] == -INFINITY ? 0.0f : exp_fixed(sc[j0] - mx);
+            float sum = 0.0f;
+            for (int j = 0; j < upto; j++) sum += sc[j];
             float *o = att + (size_t)m * H * D + hh * D;
-            for (int i = 0; i < D; i++) o[i] = 0.0f;
-            for (int j = 0; j < upto; j++) {
-                float p = sc[j] / sum;
-                if (p != 0.0f)
-                    for (int i = 0; i < D; i++) o[i] += p * V[(size_t)j * D + i];
+            if (D % LANES == 0 && D <= 16 * LANES) {
+                /* The output row stays in registers across the keys: o += p * v_j (mul, add), key by key. */
+                vf acc[16];
+                const int nv = D / LANES;
+                for (int i = 0; i < nv; i++) acc[i] = VZERO();
+                for (int j = 0; j < upto; j++) {
+                    const float p = sc[j] / sum;
+                    if (p == 0.0f) continue;
+                    const vf pv = VSET1(p);
+                    const float *vr = V + (size_t)j * D;
+                    for (int i = 0; i < nv; i++) acc[i] = VADD(acc[i], VMUL(pv, VLOAD(vr + i * LANES)));
+                }
+                for (int i = 0; i < nv; i++) VSTORE(o + i * LANES, acc[i]);
+            } else {
+                for (int i = 0; i < D; i++) o[i] = 0.0f;
+                for (int j = 0; j < upto; j++) {
+                    float p = sc[j] / sum;
+                    if (p != 0.0f)
+                        for (int i = 0; i < D; i++) o[i] += p * V[(size_t)j * D + i];
+                }
             }
         }
-        rc |= quant_linear(ly->fmt[1], att, H * D, ly->w[1], NULL, out, M, H * D, hid, nthreads);
+        rc |= linear(ly->fmt[1], att, H * D, ly->w[1], NULL, out, M, H * D, hid, nthreads);
         for (size_t i = 0; i < (size_t)M * hid; i++) x[i] += out[i];
         rmsnorm_rows(x, ly->norm_post, eps, h, M, hid);
-        rc |= quant_linear(ly->fmt[2], h, hid, ly->w[2], NULL, gu, M, hid, 2 * inter, nthreads);
+        rc |= linear(ly->fmt[2], h, hid, ly->w[2], NULL, gu, M, hid, 2 * inter, nthreads);
         for (int m = 0; m < M; m++) {
             float *g = gu + (size_t)m * 2 * inter, *u = g + inter;
-            for (int i = 0; i < inter; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+            silu_mul(g, u, inter);
         }
         /* The down projection reads the gate half in place: its rows sit 2 * inter apart. */
-        rc |= quant_linear(ly->fmt[3], gu, 2 * inter, ly->w[3], NULL, out, M, inter, hid, nthreads);
+        rc |= linear(ly->fmt[3], gu, 2 * inter, ly->w[3], NULL, out, M, inter, hid, nthreads);
         for (size_t i = 0; i < (size_t)M * hid; i++) x[i] += out[i];
     }
     free(h); free(qkv); free(att); free(gu); free(out); free(scores);

@@ -50,6 +50,13 @@ typedef __m512 vf;
 #define VMUL(a, b) _mm512_mul_ps(a, b)
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define VSET1(s) _mm512_set1_ps(s)
+#define VADD(a, b) _mm512_add_ps(a, b)
+#define VMAX(a, b) _mm512_max_ps(a, b)
+#define VSUB(a, b) _mm512_sub_ps(a, b)
+#define VDIV(a, b) _mm512_div_ps(a, b)
+#define VSTORE(p, v) _mm512_storeu_ps(p, v)
+/* v == -inf ? 0 : e, lane-wise */
+#define VMASKINF(v, e) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ), e)
 /* Fixed-order horizontal sum: 16 -> 8 -> 4 -> 2 -> 1. */
 static inline float vsum(__m512 v) {
     __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
@@ -85,6 +92,12 @@ typedef __m256 vf;
 #define VMUL(a, b) _mm256_mul_ps(a, b)
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define VSET1(s) _mm256_set1_ps(s)
+#define VADD(a, b) _mm256_add_ps(a, b)
+#define VMAX(a, b) _mm256_max_ps(a, b)
+#define VSUB(a, b) _mm256_sub_ps(a, b)
+#define VDIV(a, b) _mm256_div_ps(a, b)
+#define VSTORE(p, v) _mm256_storeu_ps(p, v)
+#define VMASKINF(v, e) _mm256_and_ps(_mm256_cmp_ps(v, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ), e)
 static inline float vsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

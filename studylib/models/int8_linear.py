@@ -1,0 +1,181 @@
+"""``--act int8``: block-format weights times activations rounded to int8 per 32-block, in integers.
+
+The fp32 path (``quant.py``) widens every 4-bit weight to fp32 and multiplies in fp32, so from two
+rows on a step is bound by fp32 FMAs and v(k), the cost of a k-row step relative to one row, grows
+almost linearly. Rounding each row of x to int8 per block of 32 with an fp32 scale (the scheme
+llama.cpp uses with Q4/Q8 weights) turns the inner products into integer dot-product instructions,
+which do 4x (VNNI) to far more (AMX) multiply-adds per instruction. It is a model of its own: its
+logits differ from the fp32 model's by the rounding of x (chapter 8 measures by how much).
+
+``csrc/int8_linear.c`` defines the arithmetic once (see its header): integer block sums, which are
+exact in any order, then element-wise fp32 steps in block order. So every ISA path gives the same
+bits as ``reference`` (pure PyTorch) and a row's result never depends on the rest of the step: a
+token verified in a block of 16, batched with 63 requests or prefilled is the token decoded alone.
+
+ISA: built once per path and chosen at run time from /proc/cpuinfo, best first: ``amx`` (AMX-INT8
+tiles for each 16 rows, AVX512-VNNI for the rest), ``avx512vnni``, ``avxvnni``, ``avx2``
+(``vpmaddubsw``), ``scalar`` (plain C, any x86). ``STUDYLIB_INT8_ISA=auto|amx|...|scalar`` forces one
+(tests run each path this CPU has); ``path()`` names the one in use and provenance records it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import torch
+
+from studylib.cpuinfo import cpu_flags
+from studylib.errors import StudylibError
+
+BLOCK = 32
+GROUP = 16  # weight rows per packed group (the lanes of a 512-bit vector, the columns of an AMX tile)
+CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2}
+PATHS = ("amx", "avx512vnni", "avxvnni", "avx2", "scalar")  # best first
+_NUM = {"scalar": 0, "avx2": 1, "avxvnni": 2, "avx512vnni": 3, "amx": 4}
+_AVX2 = ["-mavx2", "-mfma", "-mf16c"]
+_AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", *_AVX2]
+_FLAGS = {"scalar": [], "avx2": _AVX2, "avxvnni": [*_AVX2, "-mavxvnni"], "avx512vnni": _AVX512,
+          "amx": [*_AVX512, "-mamx-tile", "-mamx-int8"]}
+_NEEDS = {
+    "scalar": set(),
+    "avx2": {"avx2", "fma", "f16c"},
+    "avxvnni": {"avx2", "fma", "f16c", "avx_vnni"},
+    "avx512vnni": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"},
+    "amx": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma", "amx_tile", "amx_int8"},
+}
+_SRC = Path(__file__).parent / "csrc" / "int8_linear.c"
+_libs: dict[str, object] = {}
+_chosen: dict[tuple, str] = {}
+
+
+def _cpu_flags() -> frozenset[str]:
+    return cpu_flags()  # a seam: tests stand in other CPUs here
+
+
+def available() -> list[str]:
+    """The paths this CPU can run, best first (``scalar`` always)."""
+    flags = _cpu_flags()
+    return [p for p in PATHS if _NEEDS[p] <= flags]
+
+
+def path() -> str:
+    """The build this process uses for int8 activations (``STUDYLIB_INT8_ISA``, else the best available)."""
+    key = (os.environ.get("STUDYLIB_INT8_ISA"), _cpu_flags)
+    if key not in _chosen:
+        m = (key[0] or "auto").strip().lower() or "auto"
+        if m != "auto" and m not in PATHS:
+            raise StudylibError(f"STUDYLIB_INT8_ISA={m!r} is not one of auto, {', '.join(PATHS)}; unset it or pick one.")
+        have = available()
+        if m != "auto" and m not in have:
+            raise StudylibError(f"STUDYLIB_INT8_ISA={m}, but this CPU lacks {sorted(_NEEDS[m] - _cpu_flags())}; "
+                                f"use auto or one of {', '.join(have)}.")
+        _chosen[key] = have[0] if m == "auto" else m
+    return _chosen[key]
+
+
+def lib(name: str | None = None):
+    """The compiled library of path ``name`` (default: ``path()``)."""
+    name = name or path()
+    if name not in _libs:
+        from studylib.models.cpu_linear import compile_kernel
+
+        flags = ["-O3", *_FLAGS[name], f"-DI8_PATH={_NUM[name]}", "-ffp-contract=off", "-fopenmp", "-shared",
+                 "-fPIC", "-lm"]
+        so = ctypes.CDLL(str(compile_kernel(_SRC, flags)))
+        so.i8_linear.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        so.i8_pack.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        so.i8_packed_bytes.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        so.i8_packed_bytes.restype = ctypes.c_size_t
+        so.i8_quantize.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        so.i8_path.restype = ctypes.c_char_p
+        so.i8_linear.restype = so.i8_pack.restype = ctypes.c_int
+        so.i8_quantize.restype = None
+        if so.i8_path().decode() != name:
+            raise StudylibError(f"the int8 kernel built for {name} reports {so.i8_path().decode()}")
+        _libs[name] = so
+    return _libs[name]
+
+
+def pack(qt) -> torch.Tensor:
+    """``qt``'s blocks in the kernel's layout (16-row groups, one record per block; same bytes per
+    weight as the GGUF, padded to 16 rows). Memoised on the tensor."""
+    packed = getattr(qt, "_i8_packed", None)
+    if packed is not None:
+        return packed
+    if qt.fmt not in CODES:
+        raise StudylibError(f"int8 activations take {', '.join(CODES)} weights, not {qt.fmt}.")
+    n, k = qt.shape
+    so = lib("scalar")  # packing is layout only: any build does it the same way
+    out = torch.empty(so.i8_packed_bytes(CODES[qt.fmt], n, k), dtype=torch.uint8)
+    if so.i8_pack(CODES[qt.fmt], qt.data.data_ptr(), n, k, out.data_ptr()):
+        raise StudylibError(f"packing a {qt.fmt} {qt.shape} weight failed")
+    qt._i8_packed = out
+    return out
+
+
+def linear(x: torch.Tensor, qt, bias: torch.Tensor | None = None, *, isa: str | None = None) -> torch.Tensor:
+    """``x @ qt.T + bias`` with x rounded to int8 per block: (..., K) -> (..., N) fp32, any row count."""
+    n, k = qt.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"int8 linear: x has width {x.shape[-1]}, the {qt.fmt} weight {k}")
+    so = lib(isa)
+    wp = pack(qt)
+    x32 = x if x.dtype is torch.float32 else x.float()
+    if not x32.is_contiguous():
+        x32 = x32.contiguous()
+    if bias is not None and (bias.dtype is not torch.float32 or not bias.is_contiguous()):
+        bias = bias.float().contiguous()
+    y = torch.empty(x.shape[:-1] + (n,), dtype=torch.float32)
+    m = y.numel() // n if n else 0
+    if m and so.i8_linear(CODES[qt.fmt], x32.data_ptr(), k, wp.data_ptr(), None if bias is None else bias.data_ptr(),
+                          y.data_ptr(), m, k, n, torch.get_num_threads()):
+        raise StudylibError(f"int8 linear failed for {qt.fmt} {qt.shape}")
+    return y
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rounding of x (M, K) fp32, in PyTorch: (q int8 (M, K), dx (M, K/32), Sq int32, sx)."""
+    m, k = x.shape
+    xb = x.float().reshape(m, k // BLOCK, BLOCK)
+    d = xb.abs().amax(-1) / 127.0
+    inv = torch.where(d != 0, 1.0 / torch.where(d != 0, d, torch.ones_like(d)), torch.zeros_like(d))
+    q = torch.round(xb * inv[..., None]).clamp(-127, 127)  # torch.round: to nearest, ties to even
+    sq = q.sum(-1).to(torch.int32)
+    sx = d * sq.float()
+    return q.to(torch.int8).reshape(m, k), d, sq, sx
+
+
+def reference(x: torch.Tensor, qt, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The canonical int8 arithmetic in pure PyTorch, from the GGML blocks (not the packed layout):
+    the kernels on every path must equal it bit for bit."""
+    n, k = qt.shape
+    nb = k // BLOCK
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    q, dx, sq, sx = quantize_activations(x2)
+    blocks = qt.data.view(n, nb, qt.block_bytes)
+    dw = blocks[..., 0:2].contiguous().view(torch.float16).float().reshape(n, nb)
+    if qt.fmt == "q8_0":
+        wq = blocks[..., 2:].contiguous().view(torch.int8).to(torch.float64)
+    else:
+        nib = blocks[..., (4 if qt.fmt == "q4_1" else 2):].to(torch.int64)
+        wq = torch.cat([nib & 15, nib >> 4], dim=-1).to(torch.float64)
+    # Exact integer block sums (products < 2^15, sums < 2^21: exact in float64).
+    s = torch.einsum("mbk,nbk->mnb", q.reshape(-1, nb, BLOCK).to(torch.float64), wq).to(torch.int64)
+    if qt.fmt == "q4_0":
+        s = s - 8 * sq.to(torch.int64)[:, None, :]
+    sf = s.to(torch.float32)
+    acc = torch.zeros(x2.shape[0], n, dtype=torch.float32)
+    mw = blocks[..., 2:4].contiguous().view(torch.float16).float().reshape(n, nb) if qt.fmt == "q4_1" else None
+    for b in range(nb):  # block order, element-wise fp32: mul, mul, add (no FMA), as in the C kernels
+        t = dw[None, :, b] * dx[:, b, None]
+        acc = acc + t * sf[:, :, b]
+        if mw is not None:
+            acc = acc + mw[None, :, b] * sx[:, b, None]
+    if bias is not None:
+        acc = acc + bias.float()
+    return acc.reshape(*lead, n)
