@@ -523,3 +523,28 @@ def test_bench_serve_serves_every_request_of_a_file_by_default(tmp_path, capsys)
     assert rc == 0 and json.loads(capsys.readouterr().out)["max_bypassed"] == 0
     rc = main(["bench-serve", "--model", "tiny-random", "--workload", "synthetic", "--max-bypass", "-1"])
     assert rc == 2 and "max_bypass" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tiny_int8():
+    return load_model("tiny-random", weights="q4_1", act="int8")[0]
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_int8_serving_is_exactly_single_request_ar_through_the_fused_step(tiny_int8, name):
+    """With int8 activations every step (prefill chunks, decodes, the paged pool, the dense
+    rectangle) runs the one fused C step, whose rows are invariant by construction: the engine equals
+    single-request AR token for token, in the default mode, under preemption and prefix hits."""
+    from studylib.models import decode_layers
+
+    base = workload(10, seed=3)
+    refs = ar_references(tiny_int8, base)
+    reqs = [Request(r.id, r.prompt_ids, r.max_new_tokens) for r in base]
+    engine, _ = serve(tiny_int8, reqs, **CONFIGS[name])
+    assert engine.invariant  # reported as batch-invariant: it is, by construction
+    assert [r.output_ids for r in reqs] == refs
+    if engine.pool is not None:
+        from studylib.kvcache import PagedBatch
+
+        view = PagedBatch(engine.pool, [[0]], [0], [1])
+        assert decode_layers.path(tiny_int8, view, 1) == "fused"

@@ -137,6 +137,13 @@ class PagedBatch:
                 qi, ki, vi, attn_mask=mask, is_causal=causal, enable_gqa=True))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
+    def kernel_slots(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(token offsets, cached lengths, every sequence's key slots in position order, their offsets),
+        int64 CPU tensors: how a C kernel addresses this batch in the pool (the fused decode step)."""
+        if not hasattr(self, "_k_slots"):
+            self._build_kernel()
+        return self._k_tok_off, self._k_cached, self._k_slots, self._k_slot_off
+
     # ---- helpers --------------------------------------------------------------------------------
     def _build_kernel(self) -> None:
         """Flat key slots of every sequence, in position order, and the offsets the kernel reads."""

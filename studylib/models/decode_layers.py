@@ -44,20 +44,43 @@ def enabled() -> bool:
     return m == "auto"
 
 
+def _is_paged(kv) -> bool:
+    # By name, not isinstance: importing kvcache here would be circular (kvcache imports the models).
+    return type(kv).__name__ == "PagedBatch" and hasattr(kv, "kernel_slots")
+
+
 def path(model, kv, rows: int) -> str:
     """``fused`` or ``torch``: which path a step of ``rows`` rows of ``model`` on ``kv`` takes.
 
     Block-format models take the fused path by default; a dense fp32 model does when its
     ``fused_decode`` attribute is set (chapter 8 sets it on its reference, so that the formats are
-    compared on one engine; the study's other chapters keep the per-op path)."""
+    compared on one engine; the study's other chapters keep the per-op path).
+
+    With int8 activations (``model.act == "int8"``) every step takes it, whatever its rows, on the
+    contiguous cache and on the serving engine's paged pool alike: one arithmetic for decoding,
+    verification, trees, batches and prefill, so a row's bits never depend on the step it is in (the
+    batch-invariant mode has nothing to change there). With fp32 activations long fresh prefills and
+    steps over ``MAX_ROWS`` go to the GEMM path (faster there), and the paged pool keeps its own."""
     c = model.config
+    int8 = getattr(model, "act", "fp32") == "int8"
+    shape_ok = (c.num_heads % c.num_kv_heads == 0 and c.head_dim <= 512 and c.head_dim % 2 == 0
+                and enabled() and lib() is not None)
+    if not shape_ok:
+        return "torch"
+    if int8 and _is_paged(kv):
+        pool = kv.pool
+        return "fused" if (kv.mask_fn is None and pool.device.type == "cpu" and pool.dtype == torch.float32) else "torch"
     fresh_prefill = getattr(kv, "_start", 1) == 0 and rows > PREFILL_GEMM_ROWS
     wants = model.weights_format != "dense" or (getattr(model, "fused_decode", False) and model.dtype == torch.float32)
-    ok = (wants and type(kv) is DenseKVCache and rows <= MAX_ROWS and not fresh_prefill
+    ok = (wants and type(kv) is DenseKVCache and (int8 or (rows <= MAX_ROWS and not fresh_prefill))
           and kv.device.type == "cpu" and kv.k[0].dtype == torch.float32
-          and c.num_heads % c.num_kv_heads == 0 and c.head_dim <= 512 and c.head_dim % 2 == 0
-          and enabled() and not invariant.active() and lib() is not None)
+          and (int8 or not invariant.active()))
     return "fused" if ok else "torch"
+
+
+class _KVMap(ctypes.Structure):  # csrc/decode_layers.c's kvmap_t: the paged pool's addressing
+    _fields_ = [("nseq", ctypes.c_int), ("tok_off", ctypes.c_void_p), ("cached", ctypes.c_void_p),
+                ("k_slots", ctypes.c_void_p), ("slot_off", ctypes.c_void_p)]
 
 
 I8_BASE = 10  # csrc/decode_layers.c: format codes of weights packed for int8 activations
@@ -76,11 +99,15 @@ def _weight(w) -> tuple[int, int]:
     return w.data_ptr(), F32
 
 
-def _layers(model, kv: DenseKVCache):
-    # The pointer table is rebuilt only when the cache or the model's weights change (~0.1 ms to build).
+def _layers(model, kv):
+    # The pointer table is rebuilt only when the cache or the model's weights change (~0.1 ms to build);
+    # for the paged pool it is kept on the pool, which outlives the per-step views.
+    owner = kv.pool if _is_paged(kv) else kv
+    ks = [owner.k[i] for i in range(len(model.model.layers))]
+    vs = [owner.v[i] for i in range(len(model.model.layers))]
     first = model.model.layers[0].self_attn.qkv_weight
-    key = (id(model), id(kv), id(first), getattr(first, "act", None))
-    cached = getattr(kv, "_decode_layers", None)
+    key = (id(model), id(owner), id(first), getattr(first, "act", None))
+    cached = getattr(owner, "_decode_layers", None)
     if cached is not None and cached[0] == key:
         return cached[1]
     table = (_Layer * len(model.model.layers))()
@@ -98,25 +125,35 @@ def _layers(model, kv: DenseKVCache):
         keep += [*ws, bias, *norms]
         table[i].qkv_bias = None if bias is None else bias.data_ptr()
         table[i].norm_in, table[i].norm_post = norms[0].data_ptr(), norms[1].data_ptr()
-        table[i].k_cache, table[i].v_cache = kv.k[i].data_ptr(), kv.v[i].data_ptr()
-    kv._decode_layers = (key, table, keep)  # keep: everything the table points into stays alive
+        table[i].k_cache, table[i].v_cache = ks[i].data_ptr(), vs[i].data_ptr()
+    owner._decode_layers = (key, table, keep)  # keep: everything the table points into stays alive
     return table
 
 
-def run(model, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: DenseKVCache) -> torch.Tensor:
-    """x (B, T, hidden) after every layer; the cache has had ``kv.begin(T)`` called."""
+def run(model, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv) -> torch.Tensor:
+    """x (B, T, hidden) after every layer; the cache has had ``kv.begin(T)`` called (or ``kv`` is a
+    ``PagedBatch`` view of the pool, x (1, N, hidden) its sequences' new tokens back to back)."""
     c = model.config
     B, T, hid = x.shape
-    if B != kv.batch or T != kv._n or kv.k[0].shape != (B, c.num_kv_heads, kv.max_len, c.head_dim):
-        raise StudylibError(f"decode_layers: a ({B}, {T}) step does not fit a cache of batch {kv.batch} opened "
-                            f"for {kv._n} tokens")
+    paged = _is_paged(kv)
+    if paged:
+        if B != 1 or T != kv.num_tokens:
+            raise StudylibError(f"decode_layers: a ({B}, {T}) step does not fit a paged batch of {kv.num_tokens} tokens")
+        tok_off, cached, k_slots, slot_off = kv.kernel_slots()
+        kvmap = _KVMap(len(kv.new), tok_off.data_ptr(), cached.data_ptr(), k_slots.data_ptr(), slot_off.data_ptr())
+        start, max_len, mask_u8 = 0, 0, None
+    else:
+        if B != kv.batch or T != kv._n or kv.k[0].shape != (B, c.num_kv_heads, kv.max_len, c.head_dim):
+            raise StudylibError(f"decode_layers: a ({B}, {T}) step does not fit a cache of batch {kv.batch} opened "
+                                f"for {kv._n} tokens")
+        kvmap, start, max_len = None, kv._start, kv.max_len
+        mask = kv._mask
+        mask_u8 = None
+        if mask is not None:
+            mask_u8 = mask.expand(B, 1, T, kv.length).reshape(B, T, kv.length).to(torch.uint8).contiguous()
     x = x.float().contiguous().clone()
     cos_t = cos.float().expand(B, 1, T, c.head_dim).reshape(B, T, c.head_dim).contiguous()
     sin_t = sin.float().expand(B, 1, T, c.head_dim).reshape(B, T, c.head_dim).contiguous()
-    mask = kv._mask
-    mask_u8 = None
-    if mask is not None:
-        mask_u8 = mask.expand(B, 1, T, kv.length).reshape(B, T, kv.length).to(torch.uint8).contiguous()
     if getattr(model, "act", "fp32") == "int8":
         from studylib.models import int8_linear
 
@@ -125,8 +162,8 @@ def run(model, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: DenseK
     rc = lib().decode_layers(
         c.num_layers, ctypes.addressof(_layers(model, kv)), x.data_ptr(), B, T, hid, c.num_heads,
         c.num_kv_heads, c.head_dim, c.intermediate_size, float(c.rms_norm_eps), cos_t.data_ptr(),
-        sin_t.data_ptr(), kv._start, kv.max_len, None if mask_u8 is None else mask_u8.data_ptr(),
-        torch.get_num_threads())
+        sin_t.data_ptr(), start, max_len, None if mask_u8 is None else mask_u8.data_ptr(),
+        torch.get_num_threads(), None if kvmap is None else ctypes.byref(kvmap))
     if rc:
         raise StudylibError(f"decode_layers failed ({rc})")
     return x

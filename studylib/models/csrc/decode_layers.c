@@ -133,11 +133,11 @@ static inline float dot(const float *q, const float *k, int D) {
  * dot() does, then the LANES vectors reduced together by a transposing tree that sums every key's
  * lanes in one fixed order, the same for each key and wherever it sits in the block (~3 operations a
  * key instead of a full horizontal sum each). */
-static inline void dots_block(const float *q, const float *K, int D, int n, float *out) {
+static inline void dots_block(const float *q, const float *K, const size_t *off, int D, int n, float *out) {
     vf v[LANES];
     for (int j = 0; j < LANES; j++) {
         if (j >= n) { v[j] = VZERO(); continue; }
-        const float *k = K + (size_t)j * D;
+        const float *k = K + off[j];
         vf acc = VMUL(VLOAD(q), VLOAD(k));
         for (int i = LANES; i < D; i += LANES) acc = VFMA(VLOAD(q + i), VLOAD(k + i), acc);
         v[j] = acc;
@@ -172,52 +172,93 @@ static inline void dots_block(const float *q, const float *K, int D, int n, floa
     }
 }
 
+/* Where the keys live. NULL: the dense cache, (B, Hkv, max_len, D), row (b, t) at position s + t.
+ * Else the paged pool, slot-major (slots, Hkv, D): x's rows are nseq sequences' new tokens back to back
+ * (tok_off), sequence i has cached[i] tokens before them, and its slots in position order are
+ * k_slots[slot_off[i] ...]. Both layouts go through the same arithmetic: a row attends to the same keys
+ * in the same order either way, so the serving engine's rows have the bits of single-request decoding. */
+typedef struct {
+    int nseq;
+    const int64_t *tok_off, *cached, *k_slots, *slot_off;
+} kvmap_t;
+
 int decode_layers(
         int L, const layer_t *layers, float *x /* (B*T, hid), updated in place */,
         int B, int T, int hid, int H, int Hkv, int D, int inter, float eps,
-        const float *cos_t, const float *sin_t /* (B, T, D) */,
-        int s, int max_len, const uint8_t *mask, int nthreads) {
-    const int M = B * T, S = s + T, QKV = (H + 2 * Hkv) * D, grp = H / Hkv;
-    if (D > 512 || s + T > max_len) return -2;
+        const float *cos_t, const float *sin_t /* (B, T, D), or (M, D) when paged */,
+        int s, int max_len, const uint8_t *mask, int nthreads, const kvmap_t *pg) {
+    const int M = pg ? (int)pg->tok_off[pg->nseq] : B * T, QKV = (H + 2 * Hkv) * D, grp = H / Hkv;
+    if (D > 512 || (!pg && s + T > max_len) || (pg && mask)) return -2;
+    /* Per row: its sequence, the keys it sees (upto), where its keys start (kbase, for the head-0 slot
+     * of position 0 in the dense layout) and its own slot (write). */
+    int *seq = malloc(sizeof(int) * (size_t)M + 1), *upto_of = malloc(sizeof(int) * (size_t)M + 1);
+    size_t *write = malloc(sizeof(size_t) * (size_t)M + 1);
+    int S = 0;
+    if (seq && upto_of && write)
+        for (int m = 0; m < M; m++) {
+            if (pg) {
+                int i = 0;
+                while (pg->tok_off[i + 1] <= m) i++;
+                const int t = m - (int)pg->tok_off[i], pos = (int)pg->cached[i] + t;
+                seq[m] = i;
+                upto_of[m] = pos + 1;
+                write[m] = (size_t)pg->k_slots[pg->slot_off[i] + pos] * Hkv * D;
+            } else {
+                const int b = m / T, t = m % T;
+                seq[m] = b;
+                upto_of[m] = mask ? s + T : s + t + 1;
+                write[m] = ((size_t)b * Hkv * max_len + s + t) * D;
+            }
+            S = upto_of[m] > S ? upto_of[m] : S;
+        }
+    const size_t head_stride = pg ? (size_t)D : (size_t)max_len * D; /* between KV heads of one slot */
     float *h = malloc(sizeof(float) * (size_t)M * (hid > H * D ? hid : H * D));
     float *qkv = malloc(sizeof(float) * (size_t)M * QKV);
     float *att = malloc(sizeof(float) * (size_t)M * H * D);
     float *gu = malloc(sizeof(float) * (size_t)M * 2 * inter);
     float *out = malloc(sizeof(float) * (size_t)M * hid);
     float *scores = malloc(sizeof(float) * (size_t)nthreads * S + 1);
-    int rc = (h && qkv && att && gu && out && scores) ? 0 : -1;
+    size_t *offs = malloc(sizeof(size_t) * (size_t)nthreads * (S + LANES) + 1);
+    int rc = (h && qkv && att && gu && out && scores && offs && seq && upto_of && write) ? 0 : -1;
     const float scale = 1.0f / sqrtf((float)D);
     for (int l = 0; l < L && !rc; l++) {
         const layer_t *ly = layers + l;
         rmsnorm_rows(x, ly->norm_in, eps, h, M, hid);
         rc |= linear(ly->fmt[0], h, hid, ly->w[0], ly->qkv_bias, qkv, M, hid, QKV, nthreads);
         /* RoPE, then the new keys and values into their cache slots. */
-        for (int b = 0; b < B; b++)
-            for (int t = 0; t < T; t++) {
-                float *row = qkv + (size_t)(b * T + t) * QKV;
-                const float *cs = cos_t + (size_t)(b * T + t) * D, *sn = sin_t + (size_t)(b * T + t) * D;
-                for (int hh = 0; hh < H + Hkv; hh++) rope_row(row + hh * D, cs, sn, D);
-                for (int g = 0; g < Hkv; g++) {
-                    size_t slot = (((size_t)b * Hkv + g) * max_len + s + t) * D;
-                    memcpy(ly->k_cache + slot, row + (H + g) * D, sizeof(float) * D);
-                    memcpy(ly->v_cache + slot, row + (H + Hkv + g) * D, sizeof(float) * D);
-                }
+        for (int m = 0; m < M; m++) {
+            float *row = qkv + (size_t)m * QKV;
+            const float *cs = cos_t + (size_t)m * D, *sn = sin_t + (size_t)m * D;
+            for (int hh = 0; hh < H + Hkv; hh++) rope_row(row + hh * D, cs, sn, D);
+            for (int g = 0; g < Hkv; g++) {
+                memcpy(ly->k_cache + write[m] + g * head_stride, row + (H + g) * D, sizeof(float) * D);
+                memcpy(ly->v_cache + write[m] + g * head_stride, row + (H + Hkv + g) * D, sizeof(float) * D);
             }
+        }
         /* Attention: one (row, head) per task; scores in fp32, max-subtracted softmax. */
         _Pragma("omp parallel for num_threads(nthreads) schedule(static)")
         for (int task = 0; task < M * H; task++) {
-            int m = task / H, hh = task % H, b = m / T, t = m % T, g = hh / grp;
+            int m = task / H, hh = task % H, g = hh / grp, upto = upto_of[m];
             float *sc = scores + (size_t)omp_get_thread_num() * S;
+            size_t *off = offs + (size_t)omp_get_thread_num() * (S + LANES);
             const float *q = qkv + (size_t)m * QKV + hh * D;
-            const float *K = ly->k_cache + ((size_t)b * Hkv + g) * max_len * D;
-            const float *V = ly->v_cache + ((size_t)b * Hkv + g) * max_len * D;
-            const uint8_t *mrow = mask ? mask + ((size_t)b * T + t) * S : NULL;
-            int upto = mask ? S : s + t + 1;
+            const float *K, *V;
+            if (pg) {
+                const int64_t *sl = pg->k_slots + pg->slot_off[seq[m]];
+                for (int j = 0; j < upto; j++) off[j] = (size_t)sl[j] * Hkv * D;
+                K = ly->k_cache + g * head_stride;
+                V = ly->v_cache + g * head_stride;
+            } else {
+                for (int j = 0; j < upto; j++) off[j] = (size_t)j * D;
+                K = ly->k_cache + ((size_t)seq[m] * Hkv + g) * max_len * D;
+                V = ly->v_cache + ((size_t)seq[m] * Hkv + g) * max_len * D;
+            }
+            const uint8_t *mrow = mask ? mask + (size_t)m * upto : NULL;
             float mx = -INFINITY;
             if (D % LANES == 0)
-                for (int j = 0; j < upto; j += LANES) dots_block(q, K + (size_t)j * D, D, upto - j, sc + j);
+                for (int j = 0; j < upto; j += LANES) dots_block(q, K, off + j, D, upto - j, sc + j);
             else
-                for (int j = 0; j < upto; j++) sc[j] = dot(q, K + (size_t)j * D, D);
+                for (int j = 0; j < upto; j++) sc[j] = dot(q, K + off[j], D);
             /* Scale, mask, max: element-wise (the max is exact in any order), in lanes. */
             int jv = 0;
             if (!mrow) {
@@ -255,7 +296,7 @@ int decode_layers(
                     const float p = sc[j] / sum;
                     if (p == 0.0f) continue;
                     const vf pv = VSET1(p);
-                    const float *vr = V + (size_t)j * D;
+                    const float *vr = V + off[j];
                     for (int i = 0; i < nv; i++) acc[i] = VADD(acc[i], VMUL(pv, VLOAD(vr + i * LANES)));
                 }
                 for (int i = 0; i < nv; i++) VSTORE(o + i * LANES, acc[i]);
@@ -264,7 +305,7 @@ int decode_layers(
                 for (int j = 0; j < upto; j++) {
                     float p = sc[j] / sum;
                     if (p != 0.0f)
-                        for (int i = 0; i < D; i++) o[i] += p * V[(size_t)j * D + i];
+                        for (int i = 0; i < D; i++) o[i] += p * V[off[j] + i];
                 }
             }
         }
@@ -280,6 +321,7 @@ int decode_layers(
         rc |= linear(ly->fmt[3], gu, 2 * inter, ly->w[3], NULL, out, M, inter, hid, nthreads);
         for (size_t i = 0; i < (size_t)M * hid; i++) x[i] += out[i];
     }
-    free(h); free(qkv); free(att); free(gu); free(out); free(scores);
+    free(h); free(qkv); free(att); free(gu); free(out); free(scores); free(offs); free(seq); free(upto_of);
+    free(write);
     return rc;
 }
