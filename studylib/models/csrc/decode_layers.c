@@ -98,7 +98,11 @@ static void silu_mul(float *g, const float *u, int n) {
     for (; i < n; i++) g[i] = g[i] / (1.0f + exp_fixed(-g[i])) * u[i];
 }
 
-static void rmsnorm_rows(const float *x, const float *w, float eps, float *out, int M, int K) {
+/* Row-wise work is spread over the threads only for long steps (prefill): a row's arithmetic is the
+ * same whichever thread does it. */
+#define PAR_ROWS 16
+static void rmsnorm_rows(const float *x, const float *w, float eps, float *out, int M, int K, int nthreads) {
+    _Pragma("omp parallel for num_threads(nthreads) schedule(static) if (M >= PAR_ROWS)")
     for (int m = 0; m < M; m++) {
         const float *xr = x + (size_t)m * K;
         float ss = 0.0f;
@@ -106,6 +110,12 @@ static void rmsnorm_rows(const float *x, const float *w, float eps, float *out, 
         float r = 1.0f / sqrtf(ss / (float)K + eps);
         for (int k = 0; k < K; k++) out[(size_t)m * K + k] = w[k] * (xr[k] * r);
     }
+}
+
+static void add_rows(float *x, const float *y, int M, int K, int nthreads) {
+    _Pragma("omp parallel for num_threads(nthreads) schedule(static) if (M >= PAR_ROWS)")
+    for (int m = 0; m < M; m++)
+        for (int k = 0; k < K; k++) x[(size_t)m * K + k] += y[(size_t)m * K + k];
 }
 
 /* HF's half-split rotation: out = x * cos + concat(-x[D/2:], x[:D/2]) * sin, in place. */
@@ -223,9 +233,10 @@ int decode_layers(
     const float scale = 1.0f / sqrtf((float)D);
     for (int l = 0; l < L && !rc; l++) {
         const layer_t *ly = layers + l;
-        rmsnorm_rows(x, ly->norm_in, eps, h, M, hid);
+        rmsnorm_rows(x, ly->norm_in, eps, h, M, hid, nthreads);
         rc |= linear(ly->fmt[0], h, hid, ly->w[0], ly->qkv_bias, qkv, M, hid, QKV, nthreads);
         /* RoPE, then the new keys and values into their cache slots. */
+        _Pragma("omp parallel for num_threads(nthreads) schedule(static) if (M >= PAR_ROWS)")
         for (int m = 0; m < M; m++) {
             float *row = qkv + (size_t)m * QKV;
             const float *cs = cos_t + (size_t)m * D, *sn = sin_t + (size_t)m * D;
@@ -310,16 +321,17 @@ int decode_layers(
             }
         }
         rc |= linear(ly->fmt[1], att, H * D, ly->w[1], NULL, out, M, H * D, hid, nthreads);
-        for (size_t i = 0; i < (size_t)M * hid; i++) x[i] += out[i];
-        rmsnorm_rows(x, ly->norm_post, eps, h, M, hid);
+        add_rows(x, out, M, hid, nthreads);
+        rmsnorm_rows(x, ly->norm_post, eps, h, M, hid, nthreads);
         rc |= linear(ly->fmt[2], h, hid, ly->w[2], NULL, gu, M, hid, 2 * inter, nthreads);
+        _Pragma("omp parallel for num_threads(nthreads) schedule(static) if (M >= PAR_ROWS)")
         for (int m = 0; m < M; m++) {
             float *g = gu + (size_t)m * 2 * inter, *u = g + inter;
             silu_mul(g, u, inter);
         }
         /* The down projection reads the gate half in place: its rows sit 2 * inter apart. */
         rc |= linear(ly->fmt[3], gu, 2 * inter, ly->w[3], NULL, out, M, inter, hid, nthreads);
-        for (size_t i = 0; i < (size_t)M * hid; i++) x[i] += out[i];
+        add_rows(x, out, M, hid, nthreads);
     }
     free(h); free(qkv); free(att); free(gu); free(out); free(scores); free(offs); free(seq); free(upto_of);
     free(write);
