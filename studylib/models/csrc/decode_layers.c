@@ -303,12 +303,16 @@ int decode_layers(
                 vf acc[16];
                 const int nv = D / LANES;
                 for (int i = 0; i < nv; i++) acc[i] = VZERO();
+                /* p_j = e_j / sum, element-wise in lanes (IEEE division: the bits of the scalar form). */
+                int jd = 0;
+                for (; jd + LANES <= upto; jd += LANES) VSTORE(sc + jd, VDIV(VLOAD(sc + jd), VSET1(sum)));
+                for (; jd < upto; jd++) sc[jd] = sc[jd] / sum;
                 for (int j = 0; j < upto; j++) {
-                    const float p = sc[j] / sum;
+                    const float p = sc[j];
                     if (p == 0.0f) continue;
                     const vf pv = VSET1(p);
                     const float *vr = V + off[j];
-                    for (int i = 0; i < nv; i++) acc[i] = VADD(acc[i], VMUL(pv, VLOAD(vr + i * LANES)));
+                    for (int i = 0; i < nv; i++) acc[i] = VFMA(pv, VLOAD(vr + i * LANES), acc[i]);
                 }
                 for (int i = 0; i < nv; i++) VSTORE(o + i * LANES, acc[i]);
             } else {
