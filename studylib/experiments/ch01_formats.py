@@ -26,7 +26,9 @@ from studylib.progress import progress_bar
 
 # The engines: the name shown, the weights format and whether dense fp32 takes the fused small-step path.
 ENGINES = {"dense per-op": ("dense", False), "dense fused": ("dense", True), "q8_0": ("q8_0", True),
-           "gguf": ("gguf", True), "q4_0": ("q4_0", True)}
+           "gguf": ("gguf", True), "q4_0": ("q4_0", True), "gguf int8": ("gguf", True)}
+# Engines that change the activations' arithmetic (--act): neither faithful nor in the bytes fit.
+ENGINE_ACT = {"gguf int8": "int8"}
 # Engines that compute with the model's own weights bit for bit (the file is Q4_1 blocks; dense is
 # those blocks widened to fp32): only these may decide C2, since a format that changes the weights
 # changes the model.
@@ -46,7 +48,7 @@ def load_engines(model_name: str, engines: Sequence[str], device: str = "cpu", p
     out = {}
     for name in progress_bar(list(engines), desc="loading formats", progress=progress):
         weights, fused = ENGINES[name]
-        m, _ = load_model(model_name, device, "float32", weights=weights)
+        m, _ = load_model(model_name, device, "float32", weights=weights, act=ENGINE_ACT.get(name, "fp32"))
         if fused and weights == "dense":
             m.fused_decode = True
         out[name] = m

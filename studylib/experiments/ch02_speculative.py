@@ -24,7 +24,10 @@ from studylib import plots
 from studylib.bench.stats import estimate, ratio_estimate, rotated
 from studylib.decoding import ar, prompt_lookup, speculative
 from studylib.decoding.speculative import expected_tokens
-from studylib.models import LlamaModel
+from studylib.models import (
+    LlamaModel,
+    arithmetic,
+)
 from studylib.progress import progress_bar
 from studylib.sampling import SamplingParams
 from studylib.workbook import illustration as ill
@@ -92,7 +95,7 @@ def prompt_table(prompts: Sequence[Prompt]) -> pd.DataFrame:
 
 def conditions_text(model: LlamaModel, max_new_tokens: int, temperature: float = 0.0) -> str:
     mode = "greedy" if temperature == 0 else f"T={temperature:g}"
-    return (f"{model.config.name} ({str(model.dtype).replace('torch.', '')}) on {model.device.type} "
+    return (f"{model.config.name} ({arithmetic(model)}) on {model.device.type} "
             f"({os.cpu_count()} cores, {torch.get_num_threads()} threads); {mode}, {max_new_tokens} new tokens")
 
 

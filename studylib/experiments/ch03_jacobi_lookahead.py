@@ -17,7 +17,11 @@ import torch
 
 from studylib.bench.stats import estimate, ratio_estimate, rotated
 from studylib.decoding import ar, jacobi, lookahead
-from studylib.models import DenseKVCache, LlamaModel
+from studylib.models import (
+    DenseKVCache,
+    LlamaModel,
+    arithmetic,
+)
 from studylib.progress import progress_bar
 from studylib.workbook import illustration as ill
 
@@ -55,7 +59,7 @@ def conditions_text(model: LlamaModel, prompts: Sequence[Prompt], max_new_tokens
     import os
 
     wl = ", ".join(f"{w} x{n}" for w, n in pd.Series([p.workload for p in prompts]).value_counts().items())
-    return (f"{model.config.name} ({str(model.dtype).replace('torch.', '')}) on {model.device.type} "
+    return (f"{model.config.name} ({arithmetic(model)}) on {model.device.type} "
             f"({os.cpu_count()} cores, {torch.get_num_threads()} threads); greedy, {max_new_tokens} new tokens; "
             f"prompts: {wl}")
 

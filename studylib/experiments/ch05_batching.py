@@ -18,6 +18,7 @@ import torch
 from studylib.bench.stats import ratio_estimate, rotated
 from studylib.claims import Verdict, decide_parts, judge_at_least
 from studylib.errors import StudylibError
+from studylib.models import arithmetic
 from studylib.progress import progress_bar
 from studylib.serving import Engine, EngineConfig
 from studylib.serving.check import ar_references, divergence
@@ -315,7 +316,7 @@ def performance_aim(gains: pd.DataFrame, target: float = 8.0) -> pd.DataFrame:
 
 def conditions_text(model, n: int, max_new_tokens: int, workload: str = "chat") -> str:
     c = model.config
-    return (f"{c.name}{' (random weights)' if c.random_weights else ''}, {str(model.dtype).replace('torch.', '')} "
+    return (f"{c.name}{' (random weights)' if c.random_weights else ''}, {arithmetic(model)} "
             f"on {model.device.type}; {n} {workload} requests, <= {max_new_tokens} new tokens each; greedy; "
             "saturation = all requests at t=0")
 

@@ -28,6 +28,7 @@ from studylib.experiments import ch07_combined as cc
 from studylib.experiments.ch05_interplay import EQUIVALENCE_DELTA, ttft_not_tpot
 from studylib.experiments.ch07_quality import QUALITY_BAR
 from studylib.experiments.ch07_stack import StackPlan, stack_arm_name
+from studylib.models import arithmetic
 
 LATENCY_BAR = 10.0  # "end-to-end latency reduced by more than 10x"
 THROUGHPUT_BAR, THROUGHPUT_TOP = 8.0, 12.0  # "throughput raised 8-12x"
@@ -191,7 +192,7 @@ def conditions_text(model, workloads: Mapping[str, cc.NamedWorkload], draft_note
     wl = "; ".join(f"{n} x{len(w.requests)} ({min(len(r.tokens) for r in w.requests)}-"
                    f"{max(len(r.tokens) for r in w.requests)} prompt tokens)" for n, w in workloads.items())
     new = max(r.max_new_tokens for w in workloads.values() for r in w.requests)
-    return (f"{model.config.name} ({str(model.dtype).replace('torch.', '')}) on {hardware_text()}; greedy; "
+    return (f"{model.config.name} ({arithmetic(model)}) on {hardware_text()}; greedy; "
             f"latency at batch 1, up to {new} new tokens; workloads: {wl}; draft: {draft_note}; "
             f"sparse attention: {attention}")
 

@@ -11,7 +11,9 @@ C9, declared in ``notebooks/params/decisions.yaml`` as C9@8).
 Arms (``--weights`` formats, ``models.weights``): ``dense`` (fp32, the reference), ``bf16`` (dense in
 bfloat16), ``gguf`` (the file's own blocks), the re-quantisations ``q8_0``, ``q4_1``, ``q4_0``, ``awq4``
 (Q4_0 with activation-aware scales), ``gguf+bf16prefill`` (bf16 GEMMs for long steps) and ``kv_int8``
-(fp32 weights, an 8-bit KV cache). Speeds are ratios to an fp32 reference on the *same engine path*,
+(fp32 weights, an 8-bit KV cache) and ``gguf@int8`` (the file's blocks with activations rounded to int8 per
+block and integer dot products, ``--act int8``: llama.cpp's scheme, so its greedy agreement with
+llama.cpp is shown beside ``gguf``'s). Speeds are ratios to an fp32 reference on the *same engine path*,
 measured in the same run, prompt by prompt, with the arms in rotating order: the weight formats and the
 reference ``dense`` run every layer of a decode step in one C call (``models.decode_layers``; the
 reference with plain fp32 weights through the same kernel), while ``bf16`` and ``kv_int8``, which that
@@ -69,6 +71,8 @@ def baseline_of(arm: str, arms) -> str:
     """The reference a speed of ``arm`` is a ratio to (see the module docstring)."""
     return PER_OP_BASELINE if arm in PER_OP_ARMS and PER_OP_BASELINE in arms else BASELINE
 ATTENTION = {"kv_int8": "int8kv"}  # arms that differ from the reference in the KV cache, not the weights
+# Arms that change the activations' arithmetic, not the weights: ARM@ACT loads --weights ARM --act ACT.
+ARM_ACT = {"gguf@int8": ("gguf", "int8")}
 
 
 def _cache(arm: str, model, max_len: int):
@@ -138,7 +142,10 @@ def load_arms(model_name: str, arms: Sequence[str], device: str = "cpu", calibra
     models, tok = {}, None
     for arm in progress_bar(arms, desc="loading formats", progress=progress):
         dtype, weights = ARM_LOAD.get(arm, ("float32", arm))
-        if weights == "awq4":  # calibrated on real text, not the quantiser's fallback
+        if arm in ARM_ACT:
+            weights, act = ARM_ACT[arm]
+            models[arm], tok = load_model(model_name, device, dtype, weights=weights, act=act)
+        elif weights == "awq4":  # calibrated on real text, not the quantiser's fallback
             m, tok = load_model(model_name, device, dtype)
             models[arm] = apply_weights(m, "awq4", calibration=calibration_ids(tok, calibration_tokens, seed))
         else:
@@ -508,7 +515,7 @@ def exact_arms(fp: pd.DataFrame) -> list[str]:
     """Arms that hold exactly the reference's weights (relative weight error 0), its KV cache and its
     arithmetic (no ``+option`` such as bf16 prefill): the same model, whose quality part is identical
     greedy output rather than a task score."""
-    return [r.arm for r in fp.itertuples() if r.arm not in (BASELINE, *SPEED_ONLY, *ATTENTION)
+    return [r.arm for r in fp.itertuples() if r.arm not in (BASELINE, *SPEED_ONLY, *ATTENTION, *ARM_ACT)
             and "+" not in r.arm and r.weight_rel_error == 0.0]
 
 
@@ -789,9 +796,10 @@ def export_peer_prompts(out_dir, prompts: Sequence[Sequence[int]], decode: pd.Da
     return path
 
 
-def peer_frame(out_dir, decode: pd.DataFrame, arm: str = "gguf") -> tuple[pd.DataFrame | None, str]:
-    """llama.cpp beside our ``arm`` on the same prompts, if the peer's JSON is present: decode tok/s of
-    each, ours / theirs paired per prompt, and how many greedy outputs agree. Returns (table, text)."""
+def peer_frame(out_dir, decode: pd.DataFrame, arms: Sequence[str] = ("gguf", "gguf@int8")) -> tuple[pd.DataFrame | None, str]:
+    """llama.cpp beside each of our ``arms`` (those in the run) on the same prompts, if the peer's JSON is
+    present: decode tok/s, ours / theirs paired per prompt, and how many greedy outputs agree. Returns
+    (table, text)."""
     import json
 
     from studylib.experiments.ch05_interplay import reports_folder
@@ -810,26 +818,35 @@ def peer_frame(out_dir, decode: pd.DataFrame, arm: str = "gguf") -> tuple[pd.Dat
                       "engines on one machine. Rerun the peer here on this run's exported prompts "
                       "(`benchmarks/peers/README.md`).")
     theirs = {int(r["id"]): r for r in peer["prompts"]}
-    ours = decode[decode.arm == arm].set_index("prompt")
-    ids = [i for i in ours.index if i in theirs]
-    if len(ids) < len(ours):
-        return None, f"`{path}` covers {len(ids)} of {len(ours)} prompts; rerun the peer on this run's export."
-    t_ours = [float(ours.loc[i, "decode_s_per_token"]) for i in ids]
-    t_peer = [float(theirs[i]["decode_s_per_token"]) for i in ids]
-    ratio = ratio_estimate(t_peer, t_ours)  # > 1: ours is faster
-    e_ours, e_peer = estimate([1 / t for t in t_ours]), estimate([1 / t for t in t_peer])
-    # Agreement against this run's tokens (the peer's own flag compared with the export it was given).
-    same = sum(list(theirs[i].get("tokens", [])) == list(ours.loc[i, "tokens"]) for i in ids)
-    table = pd.DataFrame([
-        {"engine": f"studylib ({arm})", "decode_tok_s": e_ours.value, "ci_low": e_ours.ci_low, "ci_high": e_ours.ci_high},
-        {"engine": f"llama.cpp {peer.get('llama_cpp_python', '')}", "decode_tok_s": e_peer.value,
-         "ci_low": e_peer.ci_low, "ci_high": e_peer.ci_high}])
-    text = (f"On the same GGUF file, prompts and {peer.get('threads')} threads, our `{arm}` engine decodes at "
-            f"{ratio.value:.2f}x llama.cpp's tokens/s (CI {ratio.ci_low:.2f}-{ratio.ci_high:.2f}, n={ratio.n} prompts; "
-            f"llama.cpp ran separately in its own environment, on this chapter's exported prompts, at "
-            f"{peer.get('date')}, `{path.name}`). Greedy outputs agree on {same} of {len(ids)} prompts: llama.cpp rounds the "
-            "activations to 8 bits before its integer dot products, so it computes a slightly different model.")
-    return table, text
+    arms = [a for a in arms if a in set(decode.arm)]
+    rows, parts = [], []
+    for arm in arms:
+        ours = decode[decode.arm == arm].set_index("prompt")
+        ids = [i for i in ours.index if i in theirs]
+        if len(ids) < len(ours):
+            return None, f"`{path}` covers {len(ids)} of {len(ours)} prompts; rerun the peer on this run's export."
+        t_ours = [float(ours.loc[i, "decode_s_per_token"]) for i in ids]
+        t_peer = [float(theirs[i]["decode_s_per_token"]) for i in ids]
+        ratio = ratio_estimate(t_peer, t_ours)  # > 1: ours is faster
+        e_ours = estimate([1 / t for t in t_ours])
+        # Agreement against this run's tokens (not the peer's own flag, which compared with the export).
+        same = sum(list(theirs[i].get("tokens", [])) == list(ours.loc[i, "tokens"]) for i in ids)
+        rows.append({"engine": f"studylib ({arm})", "decode_tok_s": e_ours.value, "ci_low": e_ours.ci_low,
+                     "ci_high": e_ours.ci_high, "vs_llama_cpp": ratio.value, "vs_low": ratio.ci_low,
+                     "vs_high": ratio.ci_high, "greedy_identical": f"{same}/{len(ids)}"})
+        parts.append(f"`{arm}` decodes at {ratio.value:.2f}x llama.cpp's tokens/s (CI {ratio.ci_low:.2f}-"
+                     f"{ratio.ci_high:.2f}, n={ratio.n} prompts) and agrees greedily on {same} of {len(ids)} prompts")
+    if not rows:
+        return None, "None of the compared arms ran in this profile."
+    e_peer = estimate([1 / float(theirs[i]["decode_s_per_token"]) for i in ids])
+    rows.append({"engine": f"llama.cpp {peer.get('llama_cpp_python', '')}", "decode_tok_s": e_peer.value,
+                 "ci_low": e_peer.ci_low, "ci_high": e_peer.ci_high})
+    text = (f"On the same GGUF file, prompts and {peer.get('threads')} threads: " + "; ".join(parts) + ". "
+            f"llama.cpp ran separately in its own environment, on this chapter's exported prompts, at {peer.get('date')} "
+            f"(`{path.name}`). It rounds the activations to 8 bits per block before its integer dot products, as "
+            "`gguf@int8` does (with fp16 rather than fp32 scales and its own summation order), so neither of our arms "
+            "is its model exactly.")
+    return pd.DataFrame(rows), text
 
 
 def anchors_frame() -> pd.DataFrame:

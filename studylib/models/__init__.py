@@ -235,5 +235,15 @@ def describe(model: LlamaModel) -> dict:
             "weights": model.weights_format, "act": model.act}
 
 
+def arithmetic(model: LlamaModel) -> str:
+    """The model's arithmetic in words, for verdict conditions: ``float32``; ``gguf weights, fp32
+    activations``; ``gguf weights, int8 activations``."""
+    dtype = str(model.dtype).replace("torch.", "")
+    fmt = getattr(model, "weights_format", "dense")
+    if fmt == "dense":
+        return dtype
+    return f"{fmt} weights, {getattr(model, 'act', 'fp32')} activations"
+
+
 def config_json(model: LlamaModel) -> str:
     return json.dumps(model.config.to_dict())
