@@ -109,7 +109,16 @@ def _fingerprint(model: LlamaModel, prompts, budget, new_tokens, beam) -> str:
     h = hashlib.sha256()
     h.update(json.dumps([model.config.name, model.config.num_layers, budget, new_tokens, beam,
                          [list(map(int, p)) for p in prompts]]).encode())
-    h.update(model.lm_head.weight[:8].detach().float().cpu().numpy().tobytes())
+    # The choice depends on the arithmetic too: a block-format head (--weights gguf) is fingerprinted by
+    # its first bytes, and the weights format and activation arithmetic are part of the key.
+    from studylib.models.quant import QuantTensor
+
+    w = model.lm_head.weight
+    h.update(f"{getattr(model, 'weights_format', 'dense')}:{getattr(model, 'act', 'fp32')}".encode())
+    if isinstance(w, QuantTensor):
+        h.update(w.data[:8].cpu().numpy().tobytes())
+    else:
+        h.update(w[:8].detach().float().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
