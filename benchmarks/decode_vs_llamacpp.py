@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from studylib.bench.provenance import cpu_model, provenance
+from studylib.bench.provenance import cpu_model, other_machine, provenance
 from studylib.bench.stats import estimate, ratio_estimate, rotated
 from studylib.decoding import ar
 from studylib.models import load_model
@@ -36,9 +36,9 @@ def main() -> None:
     p.add_argument("--out", default="reports/bench/decode_vs_llamacpp.json")
     a = p.parse_args()
     peer = json.loads(Path(a.llama).read_text())
-    if peer.get("cpu") != cpu_model() or int(peer.get("threads", -1)) != a.threads:
-        raise SystemExit(f"{a.llama} was measured on {peer.get('cpu')!r} with {peer.get('threads')} threads; rerun "
-                         f"llamacpp_peer.py here with --threads {a.threads} (peers compare on one machine only).")
+    if why := other_machine(peer, a.threads, "this run"):
+        raise SystemExit(f"{a.llama} cannot stand beside this run: {why}; rerun llamacpp_peer.py here with "
+                         f"--threads {a.threads} (peers compare on one machine only).")
     theirs = {r["id"]: r for r in peer["prompts"]}
     prompts = [json.loads(line) for line in Path(a.prompts).read_text().splitlines() if line.strip()]
     prompts = [r for r in prompts if r["id"] in theirs]

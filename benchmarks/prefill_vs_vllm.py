@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from studylib.bench.provenance import cpu_model, provenance
+from studylib.bench.provenance import cpu_model, other_machine, provenance
 from studylib.bench.stats import estimate, ratio_estimate, rotated
 from studylib.models import load_model
 
@@ -54,8 +54,8 @@ def compare(prompts: Path, vllm_paths: list[Path], out: Path, threads: int, repe
     rows = [json.loads(line) for line in prompts.read_text().splitlines() if line.strip()]
     peers = [json.loads(p.read_text()) for p in vllm_paths]
     for p, path in zip(peers, vllm_paths, strict=True):
-        if p.get("cpu") != cpu_model() or int(p.get("threads", -1)) != threads:
-            raise SystemExit(f"{path} was measured on {p.get('cpu')!r} with {p.get('threads')} threads; rerun it here.")
+        if why := other_machine(p, threads, "this run"):
+            raise SystemExit(f"{path} cannot stand beside this run: {why}; rerun it here.")
     models = {name: load_model("smollm2-135m", weights=w, act=a)[0] for name, (w, a) in ARMS.items()}
     for m in models.values():
         ttft(m, rows[0]["prompt_token_ids"])  # warm-up

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from studylib.bench.provenance import cpu_model, provenance
+from studylib.bench.provenance import cpu_model, other_machine, provenance
 from studylib.bench.stats import estimate, rotated
 from studylib.models import load_model
 from studylib.serving.check import divergence
@@ -56,8 +56,8 @@ def main() -> None:
     rows = requests(a.requests)
     peers = [json.loads(x.read_text()) for x in a.vllm]
     for x, peer in zip(a.vllm, peers, strict=True):
-        if peer.get("cpu") != cpu_model() or int(peer.get("threads", -1)) != a.threads:
-            raise SystemExit(f"{x} was measured on {peer.get('cpu')!r} with {peer.get('threads')} threads; rerun it here.")
+        if why := other_machine(peer, a.threads, "this run"):
+            raise SystemExit(f"{x} cannot stand beside this run: {why}; rerun it here.")
     acts = a.acts.split(",")
     models = {act: load_model("smollm2-135m", weights="gguf", act=act)[0] for act in acts}
     tput = {(act, s): [] for act in acts for s in ("continuous", "sequential")}

@@ -206,6 +206,21 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def other_machine(peer: dict, threads: int | None = None, subject: str = "this chapter") -> str | None:
+    """Why a peer's run cannot stand beside ours (None if it can): a side-by-side needs the same machine,
+    so the peer's CPU must be recorded and equal this one's (and, given ``threads``, its thread count
+    ours). ``subject`` names our side in the reason."""
+    here = cpu_model()
+    there = peer.get("cpu")
+    if there is None:
+        return f"its file does not record the machine it ran on (this one: {here})"
+    if there != here:
+        return f"it ran on {there}, {subject} on {here}"
+    if threads is not None and int(peer.get("threads", -1)) != threads:
+        return f"it ran with {peer.get('threads')} threads, {subject} with {threads}"
+    return None
+
+
 def _backend(module: str, name: str) -> str:
     """``module.name()``, the kernel a code path runs right now, or "unknown (why)": provenance must never
     fail a report."""

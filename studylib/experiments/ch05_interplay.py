@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from studylib.bench.provenance import other_machine
 from studylib.bench.stats import estimate
 from studylib.claims import (
     MIN_UNITS,
@@ -312,18 +313,6 @@ def hf_static_peer(model_name: str, tokenizer, items: Sequence[WorkloadItem], ba
 def _vllm_file(out_dir: str | Path) -> dict | None:
     path = reports_folder(out_dir) / "peers" / "vllm_cpu.json"
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-
-
-def other_machine(peer: dict) -> str | None:
-    """Why a peer's run cannot stand beside ours (None if it can): a side-by-side needs the same machine,
-    so the peer's CPU must be recorded and equal this one's."""
-    from studylib.bench.provenance import cpu_model
-
-    here = cpu_model()
-    there = peer.get("cpu")
-    if there is None:
-        return f"its file does not record the machine it ran on (this one: {here})"
-    return None if there == here else f"it ran on {there}, this chapter on {here}"
 
 
 def vllm_peer(out_dir: str | Path) -> dict | None:

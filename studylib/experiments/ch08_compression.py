@@ -810,7 +810,7 @@ def peer_frame(out_dir, decode: pd.DataFrame, arms: Sequence[str] = ("gguf", "gg
                       "(`benchmarks/peers/README.md`), on the prompts this chapter exported, and this section "
                       "shows it when its JSON is there.")
     peer = json.loads(path.read_text())
-    from studylib.experiments.ch05_interplay import other_machine
+    from studylib.bench.provenance import other_machine
 
     elsewhere = other_machine(peer)
     if elsewhere:
