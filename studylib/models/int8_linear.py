@@ -28,6 +28,7 @@ import torch
 
 from studylib.cpuinfo import cpu_flags
 from studylib.errors import StudylibError
+from studylib.models.quant import kernel_operands
 
 BLOCK = 32
 GROUP = 16  # weight rows per packed group (the lanes of a 512-bit vector, the columns of an AMX tile)
@@ -124,13 +125,7 @@ def linear(x: torch.Tensor, qt, bias: torch.Tensor | None = None, *, isa: str | 
         raise ValueError(f"int8 linear: x has width {x.shape[-1]}, the {qt.fmt} weight {k}")
     so = lib(isa)
     wp = pack(qt)
-    x32 = x if x.dtype is torch.float32 else x.float()
-    if not x32.is_contiguous():
-        x32 = x32.contiguous()
-    if bias is not None and (bias.dtype is not torch.float32 or not bias.is_contiguous()):
-        bias = bias.float().contiguous()
-    y = torch.empty(x.shape[:-1] + (n,), dtype=torch.float32)
-    m = y.numel() // n if n else 0
+    x32, bias, y, m = kernel_operands(x, bias, n)
     if m and so.i8_linear(CODES[qt.fmt], x32.data_ptr(), k, wp.data_ptr(), None if bias is None else bias.data_ptr(),
                           y.data_ptr(), m, k, n, torch.get_num_threads()):
         raise StudylibError(f"int8 linear failed for {qt.fmt} {qt.shape}")

@@ -215,19 +215,25 @@ def lib():
     return _libs[name]
 
 
-def kernel_linear(x: torch.Tensor, w: QuantTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The C kernel for any row count: (..., K) fp32 x (N, K) blocks -> (..., N) fp32."""
-    kernels = lib()
-    if kernels is None:
-        raise StudylibError("no block-format kernel on this CPU (it needs AVX2/FMA/F16C)")
-    n, k = w.shape
+def kernel_operands(x: torch.Tensor, bias: torch.Tensor | None, n: int):
+    """What a C linear over ``n`` outputs takes: (x as contiguous fp32, the bias as contiguous fp32 or
+    None, the fp32 output (..., n), its row count)."""
     x32 = x if x.dtype is torch.float32 else x.float()
     if not x32.is_contiguous():
         x32 = x32.contiguous()
     if bias is not None and (bias.dtype is not torch.float32 or not bias.is_contiguous()):
         bias = bias.float().contiguous()
     y = torch.empty(x.shape[:-1] + (n,), dtype=torch.float32)
-    m = y.numel() // n if n else 0
+    return x32, bias, y, (y.numel() // n if n else 0)
+
+
+def kernel_linear(x: torch.Tensor, w: QuantTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The C kernel for any row count: (..., K) fp32 x (N, K) blocks -> (..., N) fp32."""
+    kernels = lib()
+    if kernels is None:
+        raise StudylibError("no block-format kernel on this CPU (it needs AVX2/FMA/F16C)")
+    n, k = w.shape
+    x32, bias, y, m = kernel_operands(x, bias, n)
     if m and kernels.quant_linear(FORMATS[w.fmt][0], x32.data_ptr(), k, w.data.data_ptr(),
                               None if bias is None else bias.data_ptr(), y.data_ptr(), m, k, n,
                               torch.get_num_threads()):

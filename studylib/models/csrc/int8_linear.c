@@ -306,11 +306,8 @@ static inline __attribute__((always_inline)) void tile16(int fmt, const xq_t *x,
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *rp = wg + (size_t)b * rec, *qd = rp + qoff(fmt);
-        _mm_prefetch((const char *)(rp + 4 * rec), _MM_HINT_T0); /* the stream ahead (never faults) */
-        _mm_prefetch((const char *)(rp + 4 * rec + 64), _MM_HINT_T0);
-        _mm_prefetch((const char *)(rp + 4 * rec + 128), _MM_HINT_T0);
-        _mm_prefetch((const char *)(rp + 4 * rec + 192), _MM_HINT_T0);
-        _mm_prefetch((const char *)(rp + 4 * rec + 256), _MM_HINT_T0);
+        for (int o = 0; o < 320; o += 64) /* the stream four records ahead (a prefetch never faults) */
+            _mm_prefetch((const char *)(rp + 4 * rec + o), _MM_HINT_T0);
         __m512i w[8], corr = _mm512_setzero_si512();
         if (fmt == Q8_0) {
             for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512(qd + 64 * c);
