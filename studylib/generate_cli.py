@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--weights", default="dense",
                    help="dense (default) | gguf (the embedded model's own Q4_1/Q8_0 blocks) | q8_0 | q4_0 | q4_1 | awq4")
-    p.add_argument("--act", default="fp32", help="fp32 (default: the exact model) | int8 (activations rounded to int8 per 32-block, integer dot products; needs block-format --weights)")
+    p.add_argument("--act", default="fp32", help="fp32 (default: the exact model) | int8 (x rounded to int8 per 32-block, integer dot products) | bf16 (x rounded to bf16, bf16 dot products); int8 and bf16 need block-format --weights")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompts", help="JSONL file: id plus prompt or messages per line")

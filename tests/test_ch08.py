@@ -51,7 +51,7 @@ def _by_metric(verdicts):
     return {v.metric: v for v in verdicts[1:]}
 
 
-K = 7  # the configurations C9@8 declares (decisions.yaml)
+K = 8  # the configurations C9@8 declares (decisions.yaml)
 CONF = corrected_confidence(K)
 
 
@@ -124,16 +124,16 @@ def test_a_quality_ci_without_power_is_inconclusive_and_says_what_would_decide()
 def test_rows_match_the_committed_declaration():
     """Every row judge_c9 makes passes decisions.stamp against notebooks/params/decisions.yaml (C9@8)."""
     assert ch08.competing() == K
-    arms = ["dense", "dense_perop", "bf16", "gguf", "gguf@int8", "gguf+bf16prefill", "q8_0", "q4_1", "q4_0", "awq4",
-            "kv_int8"]
-    dec, speed = _speed(arms, {"gguf": 3.0, "gguf@int8": 4.0, "q4_1": 3.0, "q8_0": 2.5, "gguf+bf16prefill": 3.0,
+    arms = ["dense", "dense_perop", "bf16", "gguf", "gguf@int8", "gguf@bf16", "gguf+bf16prefill", "q8_0", "q4_1", "q4_0",
+            "awq4", "kv_int8"]
+    dec, speed = _speed(arms, {"gguf": 3.0, "gguf@int8": 4.0, "gguf@bf16": 2.6, "q4_1": 3.0, "q8_0": 2.5, "gguf+bf16prefill": 3.0,
                                "q4_0": 3.2, "awq4": 3.2}, confidence=CONF)
     task = ch08.word_task_summary(_words([a for a in arms if a != "dense_perop"], keep={"q4_0": 0.8, "awq4": 0.9}),
                                   confidence=CONF)
     ids = {a: ch08.greedy_identity(dec, a) for a in ("gguf", "q4_1")}
     verdicts = ch08.judge_c9(speed, task, ids, "synthetic")  # tried: as declared
     stamped = decisions.stamp(verdicts, 8)
-    assert len(stamped) == 1 + 9 * 3  # the decision, then per format its composite, speed and quality rows
+    assert len(stamped) == 1 + 10 * 3  # the decision, then per format its composite, speed and quality rows
     comps = [v for v in stamped if ": >= " in v.metric]
     assert {v.metric.split(":")[0] for v in comps if v.by_construction} == {"gguf", "q4_1"}
 

@@ -530,6 +530,20 @@ def tiny_int8():
     return load_model("tiny-random", weights="q4_1", act="int8")[0]
 
 
+@pytest.fixture(scope="module")
+def tiny_bf16():
+    return load_model("tiny-random", weights="q4_1", act="bf16")[0]
+
+
+@pytest.mark.parametrize("name", ["continuous-radix-chunked-preempt", "static"])
+def test_bf16_serving_is_exactly_single_request_ar_too(tiny_bf16, name):
+    base = workload(8, seed=4)
+    refs = ar_references(tiny_bf16, base)
+    reqs = [Request(r.id, r.prompt_ids, r.max_new_tokens) for r in base]
+    engine, _ = serve(tiny_bf16, reqs, **CONFIGS[name])
+    assert engine.invariant and [r.output_ids for r in reqs] == refs
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_int8_serving_is_exactly_single_request_ar_through_the_fused_step(tiny_int8, name):
     """With int8 activations every step (prefill chunks, decodes, the paged pool, the dense

@@ -14,7 +14,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: bfloat16 for dense weights, "
                    "float32 for block formats)")
     p.add_argument("--weights", default="dense", help="dense | gguf | q8_0 | q4_0 | q4_1 | awq4")
-    p.add_argument("--act", default="fp32", help="fp32 (default: the exact model) | int8 (activations rounded to int8 per 32-block, integer dot products; needs block-format --weights)")
+    p.add_argument("--act", default="fp32", help="fp32 (default: the exact model) | int8 (x rounded to int8 per 32-block, integer dot products) | bf16 (x rounded to bf16, bf16 dot products); int8 and bf16 need block-format --weights")
     p.add_argument("--rows", default="1,2,4,8,16,32,64", help="steps: row counts, comma-separated")
     p.add_argument("--context", type=int, default=256, help="steps: tokens already in the cache")
     p.add_argument("--device", default="cpu")

@@ -44,12 +44,12 @@ def parse_rows(text: str) -> list[int]:
 
 def kernel_path(model) -> str:
     """The linear kernel a step of ``model`` runs, in words: act, ISA build (provenance records it too)."""
-    from studylib.models import cpu_linear, int8_linear, quant
+    from studylib.models import cpu_linear, quant
 
     if model.weights_format == "dense":
         return f"dense {str(model.dtype).replace('torch.', '')} ({cpu_linear.backend()})"
-    if model.act == "int8":
-        return f"{model.weights_format} x int8 ({int8_linear.path()})"
+    if model.act != "fp32":
+        return f"{model.weights_format} x {model.act} ({quant.act_kernel(model.act).path()})"
     return f"{model.weights_format} x fp32 ({quant.isa()})"
 
 

@@ -26,9 +26,10 @@ from studylib.progress import progress_bar
 
 # The engines: the name shown, the weights format and whether dense fp32 takes the fused small-step path.
 ENGINES = {"dense per-op": ("dense", False), "dense fused": ("dense", True), "q8_0": ("q8_0", True),
-           "gguf": ("gguf", True), "q4_0": ("q4_0", True), "gguf int8": ("gguf", True)}
+           "gguf": ("gguf", True), "q4_0": ("q4_0", True), "gguf int8": ("gguf", True),
+           "gguf bf16": ("gguf", True)}
 # Engines that change the activations' arithmetic (--act): neither faithful nor in the bytes fit.
-ENGINE_ACT = {"gguf int8": "int8"}
+ENGINE_ACT = {"gguf int8": "int8", "gguf bf16": "bf16"}
 # Engines that compute with the model's own weights bit for bit (the file is Q4_1 blocks; dense is
 # those blocks widened to fp32): only these may decide C2, since a format that changes the weights
 # changes the model.

@@ -13,7 +13,8 @@ bfloat16), ``gguf`` (the file's own blocks), the re-quantisations ``q8_0``, ``q4
 (Q4_0 with activation-aware scales), ``gguf+bf16prefill`` (bf16 GEMMs for long steps) and ``kv_int8``
 (fp32 weights, an 8-bit KV cache) and ``gguf@int8`` (the file's blocks with activations rounded to int8 per
 block and integer dot products, ``--act int8``: llama.cpp's scheme, so its greedy agreement with
-llama.cpp is shown beside ``gguf``'s). Speeds are ratios to an fp32 reference on the *same engine path*,
+llama.cpp is shown beside ``gguf``'s) and ``gguf@bf16`` (the same blocks with activations rounded to bf16, bf16
+dot products, ``--act bf16``). Speeds are ratios to an fp32 reference on the *same engine path*,
 measured in the same run, prompt by prompt, with the arms in rotating order: the weight formats and the
 reference ``dense`` run every layer of a decode step in one C call (``models.decode_layers``; the
 reference with plain fp32 weights through the same kernel), while ``bf16`` and ``kv_int8``, which that
@@ -72,7 +73,7 @@ def baseline_of(arm: str, arms) -> str:
     return PER_OP_BASELINE if arm in PER_OP_ARMS and PER_OP_BASELINE in arms else BASELINE
 ATTENTION = {"kv_int8": "int8kv"}  # arms that differ from the reference in the KV cache, not the weights
 # Arms that change the activations' arithmetic, not the weights: ARM@ACT loads --weights ARM --act ACT.
-ARM_ACT = {"gguf@int8": ("gguf", "int8")}
+ARM_ACT = {"gguf@int8": ("gguf", "int8"), "gguf@bf16": ("gguf", "bf16")}
 
 
 def _cache(arm: str, model, max_len: int):

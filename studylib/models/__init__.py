@@ -162,7 +162,7 @@ def load_model(
 
     ``weights``: ``dense`` or a block format (``studylib.models.weights``: gguf, q8_0, q4_0, q4_1,
     awq4), which computes in fp32 on CPU. ``act``: the arithmetic of those linears' activations
-    (``fp32``, or ``int8``: see ``models.weights.apply_act``)."""
+    (``fp32``, ``int8`` or ``bf16``: see ``models.weights.apply_act``)."""
     from studylib.models.weights import apply_act, apply_weights, check_act, check_weights
 
     dev = resolve_device(device)

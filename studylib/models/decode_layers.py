@@ -22,7 +22,7 @@ import torch
 from studylib.errors import StudylibError
 from studylib.models import invariant
 from studylib.models.kv import DenseKVCache
-from studylib.models.quant import FORMATS, QuantTensor, lib
+from studylib.models.quant import FORMATS, QuantTensor, act_kernel, lib
 
 MAX_ROWS = 64  # verify blocks and token trees fit; longer steps go to the per-op path (BLAS GEMM)
 F32 = 3  # the kernel's code for plain fp32 weights (csrc/quant_linear.c)
@@ -56,25 +56,25 @@ def path(model, kv, rows: int) -> str:
     ``fused_decode`` attribute is set (chapter 8 sets it on its reference, so that the formats are
     compared on one engine; the study's other chapters keep the per-op path).
 
-    With int8 activations (``model.act == "int8"``) every step takes it, whatever its rows, on the
+    With int8 or bf16 activations (``model.act``) every step takes it, whatever its rows, on the
     contiguous cache and on the serving engine's paged pool alike: one arithmetic for decoding,
     verification, trees, batches and prefill, so a row's bits never depend on the step it is in (the
     batch-invariant mode has nothing to change there). With fp32 activations long fresh prefills and
     steps over ``MAX_ROWS`` go to the GEMM path (faster there), and the paged pool keeps its own."""
     c = model.config
-    int8 = getattr(model, "act", "fp32") == "int8"
+    own_act = getattr(model, "act", "fp32") != "fp32"  # int8 / bf16: one kernel for every row count
     shape_ok = (c.num_heads % c.num_kv_heads == 0 and c.head_dim <= 512 and c.head_dim % 2 == 0
                 and enabled() and lib() is not None)
     if not shape_ok:
         return "torch"
-    if int8 and _is_paged(kv):
+    if own_act and _is_paged(kv):
         pool = kv.pool
         return "fused" if (kv.mask_fn is None and pool.device.type == "cpu" and pool.dtype == torch.float32) else "torch"
     fresh_prefill = getattr(kv, "_start", 1) == 0 and rows > PREFILL_GEMM_ROWS
     wants = model.weights_format != "dense" or (getattr(model, "fused_decode", False) and model.dtype == torch.float32)
-    ok = (wants and type(kv) is DenseKVCache and (int8 or (rows <= MAX_ROWS and not fresh_prefill))
+    ok = (wants and type(kv) is DenseKVCache and (own_act or (rows <= MAX_ROWS and not fresh_prefill))
           and kv.device.type == "cpu" and kv.k[0].dtype == torch.float32
-          and (int8 or not invariant.active()))
+          and (own_act or not invariant.active()))
     return "fused" if ok else "torch"
 
 
@@ -83,16 +83,15 @@ class _KVMap(ctypes.Structure):  # csrc/decode_layers.c's kvmap_t: the paged poo
                 ("k_slots", ctypes.c_void_p), ("slot_off", ctypes.c_void_p)]
 
 
-I8_BASE = 10  # csrc/decode_layers.c: format codes of weights packed for int8 activations
+ACT_BASE = 10  # csrc/decode_layers.c: format codes of weights packed for int8 / bf16 activations
 
 
 def _weight(w) -> tuple[int, int]:
     """(data pointer, kernel format code) of a block weight or a contiguous fp32 tensor."""
     if isinstance(w, QuantTensor):
-        if w.act == "int8":
-            from studylib.models import int8_linear
-
-            return int8_linear.pack(w).data_ptr(), I8_BASE + int8_linear.CODES[w.fmt]
+        if w.act != "fp32":
+            kernel = act_kernel(w.act)
+            return kernel.pack(w).data_ptr(), ACT_BASE + kernel.CODES[w.fmt]
         return w.data.data_ptr(), FORMATS[w.fmt][0]
     if w.dtype != torch.float32 or not w.is_contiguous():
         raise StudylibError("decode_layers takes block-format or contiguous fp32 weights")
@@ -154,11 +153,9 @@ def run(model, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv) -> tor
     x = x.float().contiguous().clone()
     cos_t = cos.float().expand(B, 1, T, c.head_dim).reshape(B, T, c.head_dim).contiguous()
     sin_t = sin.float().expand(B, 1, T, c.head_dim).reshape(B, T, c.head_dim).contiguous()
-    if getattr(model, "act", "fp32") == "int8":
-        from studylib.models import int8_linear
-
-        # The int8 linears live in their own library (one build per ISA path): hand over its entry.
-        lib().decode_layers_set_i8(ctypes.cast(int8_linear.lib().i8_linear, ctypes.c_void_p))
+    if getattr(model, "act", "fp32") != "fp32":
+        # The int8 / bf16 linears live in their own library (one build per ISA path): hand over its entry.
+        lib().decode_layers_set_act(ctypes.c_void_p(act_kernel(model.act).entry()))
     rc = lib().decode_layers(
         c.num_layers, ctypes.addressof(_layers(model, kv)), x.data_ptr(), B, T, hid, c.num_heads,
         c.num_kv_heads, c.head_dim, c.intermediate_size, float(c.rms_norm_eps), cos_t.data_ptr(),

@@ -21,20 +21,19 @@ tiles for each 16 rows, AVX512-VNNI for the rest), ``avx512vnni``, ``avxvnni``, 
 from __future__ import annotations
 
 import ctypes
-import os
 from pathlib import Path
 
 import torch
 
 from studylib.cpuinfo import cpu_flags
 from studylib.errors import StudylibError
+from studylib.models.isa_build import IsaFamily
 from studylib.models.quant import kernel_operands
 
 BLOCK = 32
 GROUP = 16  # weight rows per packed group (the lanes of a 512-bit vector, the columns of an AMX tile)
 CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2}
 PATHS = ("amx", "avx512vnni", "avxvnni", "avx2", "scalar")  # best first
-_NUM = {"scalar": 0, "avx2": 1, "avxvnni": 2, "avx512vnni": 3, "amx": 4}
 _AVX2 = ["-mavx2", "-mfma", "-mf16c"]
 _AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", *_AVX2]
 _FLAGS = {"scalar": [], "avx2": _AVX2, "avxvnni": [*_AVX2, "-mavxvnni"], "avx512vnni": _AVX512,
@@ -46,59 +45,47 @@ _NEEDS = {
     "avx512vnni": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"},
     "amx": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma", "amx_tile", "amx_int8"},
 }
-_SRC = Path(__file__).parent / "csrc" / "int8_linear.c"
-_libs: dict[str, object] = {}
-_chosen: dict[tuple, str] = {}
 
 
 def _cpu_flags() -> frozenset[str]:
     return cpu_flags()  # a seam: tests stand in other CPUs here
 
 
+def _bind(so) -> None:
+    so.i8_linear.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_void_p,
+                             ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    so.i8_pack.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    so.i8_packed_bytes.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    so.i8_packed_bytes.restype = ctypes.c_size_t
+    so.i8_quantize.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                               ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    so.i8_linear.restype = so.i8_pack.restype = ctypes.c_int
+    so.i8_quantize.restype = None
+
+
+_FAMILY = IsaFamily(source=Path(__file__).parent / "csrc" / "int8_linear.c", env="STUDYLIB_INT8_ISA", define="I8_PATH",
+                    paths=PATHS, needs=_NEEDS, flags=_FLAGS, cpu_flags=lambda: _cpu_flags(), bind=_bind,
+                    path_symbol="i8_path")
+
+
 def available() -> list[str]:
     """The paths this CPU can run, best first (``scalar`` always)."""
-    flags = _cpu_flags()
-    return [p for p in PATHS if _NEEDS[p] <= flags]
+    return _FAMILY.available()
 
 
 def path() -> str:
     """The build this process uses for int8 activations (``STUDYLIB_INT8_ISA``, else the best available)."""
-    key = (os.environ.get("STUDYLIB_INT8_ISA"), _cpu_flags)
-    if key not in _chosen:
-        m = (key[0] or "auto").strip().lower() or "auto"
-        if m != "auto" and m not in PATHS:
-            raise StudylibError(f"STUDYLIB_INT8_ISA={m!r} is not one of auto, {', '.join(PATHS)}; unset it or pick one.")
-        have = available()
-        if m != "auto" and m not in have:
-            raise StudylibError(f"STUDYLIB_INT8_ISA={m}, but this CPU lacks {sorted(_NEEDS[m] - _cpu_flags())}; "
-                                f"use auto or one of {', '.join(have)}.")
-        _chosen[key] = have[0] if m == "auto" else m
-    return _chosen[key]
+    return _FAMILY.path()
 
 
 def lib(name: str | None = None):
     """The compiled library of path ``name`` (default: ``path()``)."""
-    name = name or path()
-    if name not in _libs:
-        from studylib.models.cpu_linear import compile_kernel
+    return _FAMILY.lib(name)
 
-        flags = ["-O3", *_FLAGS[name], f"-DI8_PATH={_NUM[name]}", "-ffp-contract=off", "-fopenmp", "-shared",
-                 "-fPIC", "-lm"]
-        so = ctypes.CDLL(str(compile_kernel(_SRC, flags)))
-        so.i8_linear.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_void_p,
-                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        so.i8_pack.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-        so.i8_packed_bytes.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        so.i8_packed_bytes.restype = ctypes.c_size_t
-        so.i8_quantize.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        so.i8_path.restype = ctypes.c_char_p
-        so.i8_linear.restype = so.i8_pack.restype = ctypes.c_int
-        so.i8_quantize.restype = None
-        if so.i8_path().decode() != name:
-            raise StudylibError(f"the int8 kernel built for {name} reports {so.i8_path().decode()}")
-        _libs[name] = so
-    return _libs[name]
+
+def entry() -> int:
+    """The address of this path's ``i8_linear`` (the fused step calls it for every linear)."""
+    return ctypes.cast(lib().i8_linear, ctypes.c_void_p).value
 
 
 def pack(qt) -> torch.Tensor:

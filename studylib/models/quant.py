@@ -53,7 +53,7 @@ class QuantTensor:
     fmt: str
     shape: tuple[int, int]
     prefill_dtype: torch.dtype = torch.float32  # bf16: long steps multiply in bf16 (``+bf16prefill``)
-    act: str = "fp32"  # int8: every step rounds x per block and multiplies in integers (``int8_linear``)
+    act: str = "fp32"  # int8 / bf16: every step rounds x and multiplies in that arithmetic (``act_kernel``)
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -209,8 +209,8 @@ def lib():
         so.decode_layers.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_int] * 7,
                                       ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                       ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
-        so.decode_layers_set_i8.argtypes = [ctypes.c_void_p]
-        so.decode_layers_set_i8.restype = None
+        so.decode_layers_set_act.argtypes = [ctypes.c_void_p]
+        so.decode_layers_set_act.restype = None
         _libs[name] = so
     return _libs[name]
 
@@ -241,16 +241,28 @@ def kernel_linear(x: torch.Tensor, w: QuantTensor, bias: torch.Tensor | None = N
     return y
 
 
+# The activation arithmetics other than fp32 (``--act``), each a kernel family of its own module with the
+# same interface (CODES, pack, linear, reference, path, entry).
+ACT_KERNELS = {"int8": "studylib.models.int8_linear", "bf16": "studylib.models.bf16_linear"}
+
+
+def act_kernel(act: str):
+    """The kernel module of activation arithmetic ``act`` (None for fp32)."""
+    if act == "fp32":
+        return None
+    import importlib
+
+    return importlib.import_module(ACT_KERNELS[act])
+
+
 def linear(x: torch.Tensor, w: QuantTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ w.T + bias`` in fp32 (returned in x's dtype): the kernel for few rows, else dequantise + GEMM;
-    with ``w.act == "int8"``, the int8 kernel for every row count."""
+    with ``w.act`` int8 or bf16, that arithmetic's kernel for every row count."""
     if x.shape[-1] != w.shape[1]:
         raise ValueError(f"linear: x has width {x.shape[-1]}, the {w.fmt} weight {w.shape[1]}")
-    if w.act == "int8" and x.device.type == "cpu":
+    if w.act != "fp32" and x.device.type == "cpu":
         # One arithmetic for every row count (decode, verification, batches, prefill): see int8_linear.
-        from studylib.models import int8_linear
-
-        y = int8_linear.linear(x, w, bias)
+        y = act_kernel(w.act).linear(x, w, bias)
         return y if x.dtype is torch.float32 else y.to(x.dtype)
     rows = x.numel() // max(x.shape[-1], 1)
     if rows <= KERNEL_MAX_ROWS and x.device.type == "cpu" and lib() is not None:

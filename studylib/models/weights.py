@@ -19,7 +19,10 @@ embedding change form.
 - ``fp32`` (default): x stays fp32 and the weights are widened to fp32 in registers: the exact model;
 - ``int8``: each row of x is rounded to int8 per 32-block with an fp32 scale (llama.cpp's scheme) and
   multiplied in integer dot products (``int8_linear``): a model of its own, the same for every row
-  count, so lossless methods stay token-identical to AR under it.
+  count, so lossless methods stay token-identical to AR under it;
+- ``bf16``: each element of x is rounded to bf16 and the block sums run in bf16 dot products
+  (``bf16_linear``, AVX512-BF16 where the CPU has it): also a model of its own, closer to fp32 than
+  int8, with the same guarantees.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from studylib.errors import StudylibError
 from studylib.models.quant import QuantTensor, quantize
 
 WEIGHT_FORMATS = ("dense", "gguf", "q8_0", "q4_0", "q4_1", "awq4")
-ACTS = ("fp32", "int8")
+ACTS = ("fp32", "int8", "bf16")
 OPTIONS = ("bf16prefill",)  # FORMAT+OPTION
 _GGUF_MODELS = ("smollm2-135m",)
 
@@ -112,17 +115,18 @@ def check_act(act: str, weights: str = "gguf") -> str:
 
 def apply_act(model, act: str):
     """Make every block-format linear of ``model`` multiply in ``act`` (in place; returns the model).
-    The weights are packed for the int8 kernel here, once, so no timed step pays for it."""
+    The weights are packed for that arithmetic's kernel here, once, so no timed step pays for it."""
     check_act(act, model.weights_format)
     if act == model.act:
         return model
-    from studylib.models import int8_linear
+    from studylib.models.quant import act_kernel
 
+    kernel = act_kernel(act)
     for w in linear_weights(model):
         if isinstance(w, QuantTensor):
             w.act = act
-            if act == "int8":
-                int8_linear.pack(w)
+            if kernel is not None:
+                kernel.pack(w)
     model.act = act
     return model
 

@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32 (CPU default) | bfloat16 | float16 (CUDA only)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--weights", default="dense", help="dense | gguf | q8_0 | q4_0 | q4_1 | awq4 (CPU, fp32)")
-    p.add_argument("--act", default="fp32", help="fp32 (default: the exact model) | int8 (activations rounded to int8 per 32-block, integer dot products; needs block-format --weights)")
+    p.add_argument("--act", default="fp32", help="fp32 (default: the exact model) | int8 (x rounded to int8 per 32-block, integer dot products) | bf16 (x rounded to bf16, bf16 dot products); int8 and bf16 need block-format --weights")
     p.add_argument("--records", default=None, help="write one JSONL line per request to this file")
     p.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
     p.add_argument("--json", action="store_true", help="print one JSON summary object")
@@ -74,12 +74,12 @@ def run(args: argparse.Namespace) -> int:
         raise StudylibError(f"--num-requests must be >= 1, got {args.num_requests}.")
     if args.max_new_tokens < 1:
         raise StudylibError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
-    if args.batch_invariant and args.weights != "dense" and args.act != "int8":
+    if args.batch_invariant and args.weights != "dense" and args.act == "fp32":
         # The invariant mode swaps the dense linears and attention for batch-invariant ones; block
         # weights with fp32 activations have their own arithmetic, not covered by that guarantee (int8
-        # activations are: their linears are row-invariant by construction, see models.int8_linear).
-        raise StudylibError(f"--batch-invariant covers --weights dense, or block weights with --act int8; drop "
-                            f"--batch-invariant or add --act int8 to --weights {args.weights}.")
+        # or bf16 activations are: their linears are row-invariant by construction, see models.int8_linear).
+        raise StudylibError(f"--batch-invariant covers --weights dense, or block weights with --act int8 or bf16; "
+                            f"drop --batch-invariant or add --act int8 to --weights {args.weights}.")
     slo = {k: v for k, v in (("ttft_s", args.slo_ttft), ("tpot_s", args.slo_tpot), ("e2el_s", args.slo_e2el))
            if v is not None}
     config = EngineConfig(

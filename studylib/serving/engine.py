@@ -127,10 +127,10 @@ class Engine:
             self.runner = DenseBatchRunner(model, config.sampling)
         self.invariant = config.batch_invariant
         if self.invariant is None:
-            # Dense fp32 linears become invariant in the mode; int8-activation block linears are already.
+            # Dense fp32 linears become invariant in the mode; int8/bf16-activation block linears are already.
             self.invariant = (kernels_apply(dev) and dt == torch.float32
                               and (getattr(model, "weights_format", "dense") == "dense"
-                                   or getattr(model, "act", "fp32") == "int8"))
+                                   or getattr(model, "act", "fp32") != "fp32"))
         self.t0 = time.perf_counter()
         self.timeline: list[dict] = []
         self.steps = 0

@@ -12,8 +12,8 @@
  * Row invariance, by construction: every row's arithmetic is a fixed sequence that does not depend on
  * B, T or the row's place, and the cache slots a row reads were written by the same code. So a token
  * verified in a block of T (speculative, Jacobi, trees) has the bits it has when decoded alone.
- * With int8 activations (weights coded I8_BASE + fmt) the linears round each row's input per block,
- * which is also per row, so the same holds.
+ * With int8 or bf16 activations (weights coded ACT_BASE + fmt) the linears round each row's input on
+ * its own, so the same holds.
  * Mask: NULL means causal (row t sees slots [0, s + t]); else uint8 (B, T, s + T), 1 = visible.
  */
 #include <math.h>
@@ -21,19 +21,20 @@
 
 #include "quant_linear.c"
 
-/* Weights with format code I8_BASE + fmt are packed for int8 activations (`--act int8`) and go to
- * int8_linear.c's i8_linear, a separate library (one build per ISA path) whose entry point Python
- * hands over with decode_layers_set_i8 before the call. */
-#define I8_BASE 10
-typedef int (*i8_linear_fn)(int, const float *, ptrdiff_t, const uint8_t *, const float *, float *, int, int,
-                            int, int);
-static i8_linear_fn i8_linear_ptr = NULL;
-void decode_layers_set_i8(void *fn) { i8_linear_ptr = (i8_linear_fn)fn; }
+/* Weights with format code ACT_BASE + fmt are packed for int8 or bf16 activations (`--act`) and go to
+ * that arithmetic's kernel (int8_linear.c's i8_linear, bf16_linear.c's bf_linear), a separate library
+ * (one build per ISA path) whose entry point Python hands over with decode_layers_set_act before the
+ * call. A model has one arithmetic, so one entry serves all its linears. */
+#define ACT_BASE 10
+typedef int (*act_linear_fn)(int, const float *, ptrdiff_t, const uint8_t *, const float *, float *, int, int,
+                             int, int);
+static act_linear_fn act_linear_ptr = NULL;
+void decode_layers_set_act(void *fn) { act_linear_ptr = (act_linear_fn)fn; }
 
 static int linear(int fmt, const float *x, ptrdiff_t ldx, const uint8_t *w, const float *bias, float *y, int M,
                   int K, int N, int nthreads) {
-    if (fmt >= I8_BASE)
-        return i8_linear_ptr ? i8_linear_ptr(fmt - I8_BASE, x, ldx, w, bias, y, M, K, N, nthreads) : -3;
+    if (fmt >= ACT_BASE)
+        return act_linear_ptr ? act_linear_ptr(fmt - ACT_BASE, x, ldx, w, bias, y, M, K, N, nthreads) : -3;
     return quant_linear(fmt, x, ldx, w, bias, y, M, K, N, nthreads);
 }
 
