@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "claims": ("studylib.claims_cli", "print the study's verdict table from the chapter JSON files"),
     "data": ("studylib.data_cli", "fetch and inspect data sets"),
     "train-draft": ("studylib.decoding.draft_train", "distil a small draft model from the target"),
+    "draft-corpus": ("studylib.decoding.draft_corpus", "build the draft head's corpus: the target's answers and features"),
     "bench-serve": ("studylib.serving.cli", "serving benchmark: scheduler x prefix cache x arrival rate"),
 }
 

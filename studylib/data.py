@@ -17,6 +17,7 @@ import random
 import shutil
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,17 +150,44 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def _rows(name: str) -> list[dict]:
-    return _jsonl(fetch_dataset(name))
+# The split between what the chapters evaluate and what the shipped draft head trains on. A share of each
+# real data set's documents (1 in DRAFT_POOL_MOD, by a hash of the document: an XSum article, a NarrativeQA
+# story with all its questions, a HumanEval problem) forms the draft pool; every loader a chapter uses
+# (load_dataset, load_workload, long_text) returns the rest only, so no chapter ever evaluates on a document
+# the head was trained on, whatever its parameters. Our own chat prompts are evaluation-only: the pool has none.
+SPLITS = ("eval", "draft", "all")
+DRAFT_POOL_MOD = {"xsum": 2, "narrativeqa": 3, "humaneval": 2}
+_DOC_KEY = {"xsum": "id", "narrativeqa": "passage", "humaneval": "task_id"}
+
+
+def in_draft_pool(name: str, row: dict) -> bool:
+    """Whether a raw row of data set ``name`` belongs to the draft head's training pool."""
+    key = str(row[_DOC_KEY[name]]).strip()
+    return zlib.crc32(f"{name}:{key}".encode()) % DRAFT_POOL_MOD[name] == 0
+
+
+def _indexed_rows(name: str, split: str = "eval") -> list[tuple[int, dict]]:
+    """(index in the file, row) of the ``split`` (see ``SPLITS``): indices stay those of the whole file,
+    so record ids do not depend on the split."""
+    if split not in SPLITS:
+        raise StudylibError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}.")
+    rows = list(enumerate(_jsonl(fetch_dataset(name))))
+    if split == "all":
+        return rows
+    return [(i, r) for i, r in rows if in_draft_pool(name, r) == (split == "draft")]
+
+
+def _rows(name: str, split: str = "eval") -> list[dict]:
+    return [r for _, r in _indexed_rows(name, split)]
 
 
 XSUM_INSTRUCTION = "Summarise the following news article in one sentence."
 NQA_INSTRUCTION = "Read the story below, then answer the question about it in one short sentence."
 
 
-def _xsum() -> list[PromptRecord]:
+def _xsum(split: str = "eval") -> list[PromptRecord]:
     out = []
-    for row in _rows("xsum"):
+    for row in _rows("xsum", split):
         doc = row["document"].strip()
         if not doc:  # one row of the subset has an empty article; there is nothing to summarise
             continue
@@ -176,9 +204,9 @@ def _as_list(value) -> list[str]:
     return [value] if isinstance(value, str) else [str(v) for v in value]
 
 
-def _narrativeqa() -> list[PromptRecord]:
+def _narrativeqa(split: str = "eval") -> list[PromptRecord]:
     out = []
-    for i, row in enumerate(_rows("narrativeqa")):
+    for i, row in _indexed_rows("narrativeqa", split):
         passage, question = row["passage"].strip(), row["question"].strip()
         content = f"{NQA_INSTRUCTION}\n\n{passage}\n\nQuestion: {question}"
         out.append(PromptRecord(
@@ -189,7 +217,7 @@ def _narrativeqa() -> list[PromptRecord]:
     return out
 
 
-def _humaneval() -> list[PromptRecord]:
+def _humaneval(split: str = "eval") -> list[PromptRecord]:
     # Plain-text completion, as HumanEval is scored: the model continues the function body.
     return [
         PromptRecord(
@@ -197,7 +225,7 @@ def _humaneval() -> list[PromptRecord]:
             meta={"source": "humaneval", "task_id": row["task_id"], "entry_point": row["entry_point"],
                   "test": row["test"], "canonical_solution": row["canonical_solution"]},
         )
-        for row in _rows("humaneval")
+        for row in _rows("humaneval", split)
     ]
 
 
@@ -212,15 +240,17 @@ def _subsample(records: list[PromptRecord], n: int | None, seed: int, what: str)
     return random.Random(seed).sample(records, n)
 
 
-def load_dataset(name: str, n: int | None = None, seed: int = 0, max_chars: int | None = None
-                 ) -> list[PromptRecord]:
+def load_dataset(name: str, n: int | None = None, seed: int = 0, max_chars: int | None = None,
+                 split: str = "eval") -> list[PromptRecord]:
     """Records of a real data set ("xsum", "narrativeqa", "humaneval"), a seeded sample of ``n``.
 
     ``max_chars`` drops records whose prompt text is longer, *before* sampling, so a CPU run can
-    bound prompt length without changing which short records a given seed picks.
+    bound prompt length without changing which short records a given seed picks. ``split``: ``eval``
+    (what chapters use: everything outside the draft head's training pool), ``draft`` (that pool) or
+    ``all``.
     """
     _source(name)
-    records = _LOADERS[name]()
+    records = _LOADERS[name](split)
     if max_chars is not None:
         records = [r for r in records if len(_text(r)) <= max_chars]
     return _subsample(records, n, seed, name)

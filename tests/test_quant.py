@@ -273,3 +273,24 @@ def test_bf16_prefill_option_changes_only_long_steps(tiny_q):
     short = long[:, :10]  # within the kernel's rows: the same fp32 arithmetic
     assert torch.equal(exact(short, DenseKVCache(exact.config, 1, 16).begin(10)).logits,
                        fast(short, DenseKVCache(fast.config, 1, 16).begin(10)).logits)
+
+
+def test_the_fused_step_hands_back_intermediate_layers_and_stays_fused(monkeypatch):
+    """EAGLE-3 reads low/middle/high layer outputs on every verification: the fused C step returns them
+    (the per-op path's values, to fp32 order), and asking for them changes neither the path nor the logits."""
+    from studylib.models import DenseKVCache, decode_layers, load_model
+
+    model, _ = load_model("tiny-random", weights="q4_1", act="int8")
+    ids = torch.tensor([list(range(5, 30))])
+    got = {}
+    for mode in ("auto", "torch"):
+        monkeypatch.setenv("STUDYLIB_DECODE_LAYERS", mode)
+        cache = DenseKVCache(model.config, 1, 64)
+        assert decode_layers.path(model, cache, ids.shape[1]) == ("fused" if mode == "auto" else "torch")
+        plain = model(ids, cache.begin(ids.shape[1])).logits
+        cache = DenseKVCache(model.config, 1, 64)
+        out = model(ids, cache.begin(ids.shape[1]), hidden_layers=(0, 1, -1))
+        assert torch.equal(out.logits, plain) and set(out.hidden) == {0, 1, -1}
+        got[mode] = out.hidden
+    for i in (0, 1, -1):
+        assert torch.allclose(got["auto"][i].float(), got["torch"][i].float(), atol=1e-4, rtol=1e-3)

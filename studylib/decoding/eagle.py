@@ -55,7 +55,7 @@ from studylib.errors import StudylibError
 from studylib.models import DenseKVCache, LlamaModel
 from studylib.models.config import ModelConfig
 from studylib.models.cpu_linear import linear
-from studylib.models.llama import DecoderLayer
+from studylib.models.llama import DecoderLayer, RMSNorm
 from studylib.models.rope import rope_cos_sin, rope_inv_freq
 from studylib.sampling import SamplingParams, probs, sample_from
 
@@ -67,18 +67,56 @@ VOCAB_FILE = "eagle_vocab.json"
 # ---------------------------------------------------------------------------------------------- the head
 
 
-class EagleHead(nn.Module):
-    """fc([embedding, feature]) -> one decoder layer of the target's shape -> predicted next feature."""
+HEAD_KINDS = ("eagle1", "eagle3")
 
-    def __init__(self, target_config: ModelConfig):
+
+def fused_layers(config: ModelConfig) -> tuple[int, int, int]:
+    """The target layers whose outputs an EAGLE-3 head fuses: low, middle and high (0-based)."""
+    n = config.num_layers
+    return (min(2, n - 1), n // 2, max(n - 3, 0))
+
+
+class EagleHead(nn.Module):
+    """fc([embedding, feature]) -> one decoder layer of the target's shape -> the next row's feature.
+
+    ``kind`` says what the feature is:
+    - ``eagle1`` (EAGLE-1/2): the target's final-norm hidden state f; the head regresses the next f, which
+      the LM head reads directly.
+    - ``eagle3`` (EAGLE-3, Li et al. 2025): for committed rows, ``fuse`` maps the target's low, middle and
+      high layer outputs (``fused_layers``) to one feature; the head is trained on tokens only (no feature
+      regression), its own output is what its next row reads (training-time test), and a norm of its own
+      sits before the LM head.
+    """
+
+    def __init__(self, target_config: ModelConfig, kind: str = "eagle1"):
         super().__init__()
+        if kind not in HEAD_KINDS:
+            raise StudylibError(f"unknown EAGLE head kind {kind!r}; use one of {', '.join(HEAD_KINDS)}.")
+        self.kind = kind
         self.config = replace(target_config, num_layers=1, name=f"eagle:{target_config.name}")
         h = target_config.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=True)
         self.layer = DecoderLayer(self.config, 0)
+        if kind == "eagle3":
+            self.feature_layers: tuple[int, ...] = fused_layers(target_config)
+            self.fuse = nn.Linear(3 * h, h, bias=False)
+            self.norm = RMSNorm(h, target_config.rms_norm_eps)
+        else:
+            self.feature_layers = (-1,)
         inv_freq, scale = rope_inv_freq(self.config)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.rope_scale = scale
+
+    def lift(self, hidden: dict) -> torch.Tensor:
+        """The feature of committed rows from the target's hidden states (``feature_layers`` -> (..., H))."""
+        if self.kind == "eagle1":
+            return hidden[-1]
+        x = torch.cat([hidden[i] for i in self.feature_layers], dim=-1)
+        return linear(x.to(self.fuse.weight.dtype), self.fuse.weight)
+
+    def readout(self, out: torch.Tensor) -> torch.Tensor:
+        """What the LM head reads from the head's output."""
+        return out if self.kind == "eagle1" else self.norm(out)
 
     def forward(self, emb: torch.Tensor, feats: torch.Tensor, kv) -> torch.Tensor:
         """emb, feats: (B, T, H) -> predicted features (B, T, H); ``kv`` gives positions and attention."""
@@ -371,7 +409,7 @@ class _Session:
         return out
 
     def _logp(self, h: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(linear(h, self.w_head).float(), -1)  # (R, N)
+        return torch.log_softmax(linear(self.d.head.readout(h), self.w_head).float(), -1)  # (R, N)
 
     def _token(self, idx: torch.Tensor) -> torch.Tensor:
         return idx if self.ids is None else self.ids[idx]
@@ -427,9 +465,9 @@ class _Session:
         return select_nodes(tokens, parents, depths, scores, spec.nodes)
 
 
-def _target_features(model: LlamaModel, ids: torch.Tensor, view, logits="all"):
-    out = model(ids, view, logits=logits, hidden_layers=(-1,))
-    return out.logits, out.hidden[-1][0]  # (1, T, V) or empty, (T, H)
+def _target_features(model: LlamaModel, ids: torch.Tensor, view, layers=(-1,), logits="all"):
+    out = model(ids, view, logits=logits, hidden_layers=layers)
+    return out.logits, {i: h[0] for i, h in out.hidden.items()}  # (1, T, V) or empty, {layer: (T, H)}
 
 
 @torch.inference_mode()
@@ -463,7 +501,10 @@ def generate(
     dev = model.device
     prompt = [int(t) for t in prompt_ids]
     cache = DenseKVCache(model.config, 1, cap, dev, model.dtype)
-    logits, feats = _target_features(model, torch.tensor([prompt], device=dev), cache.begin(len(prompt)), "last")
+    head = drafter.head
+    logits, hid = _target_features(model, torch.tensor([prompt], device=dev), cache.begin(len(prompt)),
+                                   head.feature_layers, "last")
+    feats = head.lift(hid)
     first = int(logits[0, -1].argmax()) if sampling.greedy else int(sample_from(probs(logits[0, -1], sampling), gen))
     ttft = clock.elapsed()
     out, lengths, depth_hist = [first], [], [0] * (spec.depth + 1)
@@ -481,7 +522,7 @@ def generate(
         block = torch.tensor([[out[-1], *tree_.tokens]], device=dev)  # (1, n + 1)
         pos = (start + torch.tensor([0, *tree_.depths], device=dev))[None]
         view = cache.begin(block.shape[1], tree_mask=tree_.mask(dev), positions=pos)
-        logits, feats = _target_features(model, block, view)
+        logits, hid = _target_features(model, block, view, head.feature_layers)
         logits = logits[0]
         path, nxt = walk_greedy(logits, tree_) if sampling.greedy else \
             (walker or walk_sampling)(logits, tree_, sampling, gen)
@@ -495,7 +536,9 @@ def generate(
         out += new
         lengths.append(len(new))
         depth_hist[len(path)] += 1
-        pend_feats, pend_toks = feats[[0, *path]], [*(tree_.tokens[r - 1] for r in path), nxt]
+        keep = [0, *path]
+        pend_feats = head.lift({i: h[keep] for i, h in hid.items()})
+        pend_toks = [*(tree_.tokens[r - 1] for r in path), nxt]
         if on_step is not None:
             on_step(cache, prompt + out)
         if hit:
@@ -545,11 +588,11 @@ def load_head(path: Path, target: LlamaModel) -> EagleDraft:
 
     from studylib.bench.provenance import record_artifact
 
-    head = EagleHead(target.config)
+    meta = json.loads((path / META_FILE).read_text()) if (path / META_FILE).exists() else {}
+    head = EagleHead(target.config, meta.get("head_kind", "eagle1"))
     head.load_state_dict(load_file(str(record_artifact("eagle_head", path / HEAD_FILE))))
     head.to(device=target.device, dtype=target.dtype).eval()
     ids = json.loads((path / VOCAB_FILE).read_text()) if (path / VOCAB_FILE).exists() else []
-    meta = json.loads((path / META_FILE).read_text()) if (path / META_FILE).exists() else {}
     tree = TreeSpec(*meta["tree"]) if meta.get("tree") else TreeSpec(5, 4, 16)
     d = EagleDraft(head, torch.tensor(ids, dtype=torch.long) if ids else None, tree, "eagle", meta)
     d.check(target)

@@ -136,12 +136,11 @@ def _answers(cfg: EagleTrainConfig, target, tok, work: Path, minutes: float) -> 
 
 def _prose(cfg: EagleTrainConfig, tok) -> list[tuple[str, list[int]]]:
     """(document id, chunk ids) pieces of real text, up to ``text_tokens`` tokens, the sources taken in
-    turn: NarrativeQA story summaries (plain text) and XSum articles in their chat prompt, but only the
-    three quarters of XSum that chapter 2 never evaluates (``draft_data.xsum_heldout``)."""
+    turn: NarrativeQA story summaries (plain text) and XSum articles in their chat prompt, from the draft
+    pool only (``data.in_draft_pool``: documents no chapter evaluates)."""
     import random
 
     from studylib.data import _rows, load_dataset
-    from studylib.decoding.draft_data import xsum_heldout
     from studylib.prompts import encode
 
     if cfg.text_tokens == 0:
@@ -149,12 +148,12 @@ def _prose(cfg: EagleTrainConfig, tok) -> list[tuple[str, list[int]]]:
     rng = random.Random(cfg.seed)
     streams = []
     if "narrativeqa" in cfg.text_sources:
-        docs = sorted({row["passage"].strip() for row in _rows("narrativeqa")} - {""})
+        docs = sorted({row["passage"].strip() for row in _rows("narrativeqa", "draft")} - {""})
         rng.shuffle(docs)
         streams.append((hashlib.sha256(d.encode()).hexdigest()[:12], lambda d=d: [int(t) for t in tok(d)["input_ids"]])
                         for d in docs)
     if "xsum" in cfg.text_sources:
-        recs = [r for r in load_dataset("xsum") if not xsum_heldout(r.id)]
+        recs = load_dataset("xsum", split="draft")
         rng.shuffle(recs)
         streams.append((r.id, lambda r=r: [int(t) for t in encode(tok, r)]) for r in recs)
     out, total = [], 0

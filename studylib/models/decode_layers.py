@@ -4,7 +4,8 @@
 and residuals for every layer; PyTorch keeps the embedding, the RoPE tables, the final norm and the
 head. It applies when the model's weights are in a block format (``--weights gguf|q8_0|...``), the
 cache is a plain ``DenseKVCache`` (sparse patterns and the paged pool keep their own attention),
-the step has at most ``MAX_ROWS`` rows and no intermediate layer outputs are asked for. Every step
+the step has at most ``MAX_ROWS`` rows and no layer is skipped (intermediate layer outputs come back
+from the C call too, for EAGLE-3's features). Every step
 of such a model that qualifies takes this path, so AR decode, speculative verification and token
 trees compute each row the same way (row invariance: see the C source).
 
@@ -129,9 +130,11 @@ def _layers(model, kv):
     return table
 
 
-def run(model, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv) -> torch.Tensor:
+def run(model, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv, hidden_layers=(),
+        hidden: dict | None = None) -> torch.Tensor:
     """x (B, T, hidden) after every layer; the cache has had ``kv.begin(T)`` called (or ``kv`` is a
-    ``PagedBatch`` view of the pool, x (1, N, hidden) its sequences' new tokens back to back)."""
+    ``PagedBatch`` view of the pool, x (1, N, hidden) its sequences' new tokens back to back).
+    ``hidden_layers``: layer indices whose outputs go into ``hidden`` (index -> (B, T, hidden))."""
     c = model.config
     B, T, hid = x.shape
     paged = _is_paged(kv)
@@ -156,11 +159,21 @@ def run(model, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv) -> tor
     if getattr(model, "act", "fp32") != "fp32":
         # The int8 / bf16 linears live in their own library (one build per ISA path): hand over its entry.
         lib().decode_layers_set_act(ctypes.c_void_p(act_kernel(model.act).entry()))
+    outs, table = {}, None
+    if hidden_layers:
+        table = (ctypes.c_void_p * c.num_layers)()
+        for i in sorted(set(hidden_layers)):
+            if not 0 <= i < c.num_layers:
+                raise StudylibError(f"decode_layers: no layer {i} in a {c.num_layers}-layer model")
+            outs[i] = torch.empty(B, T, hid)
+            table[i] = outs[i].data_ptr()
     rc = lib().decode_layers(
         c.num_layers, ctypes.addressof(_layers(model, kv)), x.data_ptr(), B, T, hid, c.num_heads,
         c.num_kv_heads, c.head_dim, c.intermediate_size, float(c.rms_norm_eps), cos_t.data_ptr(),
         sin_t.data_ptr(), start, max_len, None if mask_u8 is None else mask_u8.data_ptr(),
-        torch.get_num_threads(), None if kvmap is None else ctypes.byref(kvmap))
+        torch.get_num_threads(), None if kvmap is None else ctypes.byref(kvmap), table)
     if rc:
         raise StudylibError(f"decode_layers failed ({rc})")
+    if hidden is not None:
+        hidden.update(outs)
     return x

@@ -208,7 +208,7 @@ def lib():
         so.quant_linear.restype = so.quant_dequant_rows.restype = so.decode_layers.restype = ctypes.c_int
         so.decode_layers.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_int] * 7,
                                       ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                      ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+                                      ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
         so.decode_layers_set_act.argtypes = [ctypes.c_void_p]
         so.decode_layers_set_act.restype = None
         _libs[name] = so

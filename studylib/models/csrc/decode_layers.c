@@ -197,7 +197,8 @@ int decode_layers(
         int L, const layer_t *layers, float *x /* (B*T, hid), updated in place */,
         int B, int T, int hid, int H, int Hkv, int D, int inter, float eps,
         const float *cos_t, const float *sin_t /* (B, T, D), or (M, D) when paged */,
-        int s, int max_len, const uint8_t *mask, int nthreads, const kvmap_t *pg) {
+        int s, int max_len, const uint8_t *mask, int nthreads, const kvmap_t *pg,
+        float *const *hidden /* NULL, or per layer NULL or an (M, hid) buffer for its output */) {
     const int M = pg ? (int)pg->tok_off[pg->nseq] : B * T, QKV = (H + 2 * Hkv) * D, grp = H / Hkv;
     if (D > 512 || (!pg && s + T > max_len) || (pg && mask)) return -2;
     /* Per row: its sequence, the keys it sees (upto), where its keys start (kbase, for the head-0 slot
@@ -337,6 +338,7 @@ int decode_layers(
         /* The down projection reads the gate half in place: its rows sit 2 * inter apart. */
         rc |= linear(ly->fmt[3], gu, 2 * inter, ly->w[3], NULL, out, M, inter, hid, nthreads);
         add_rows(x, out, M, hid, nthreads);
+        if (hidden && hidden[l]) memcpy(hidden[l], x, sizeof(float) * (size_t)M * hid); /* EAGLE-3's features */
     }
     free(h); free(qkv); free(att); free(gu); free(out); free(scores); free(offs); free(seq); free(upto_of);
     free(write);
