@@ -602,22 +602,44 @@ def load_head(path: Path, target: LlamaModel) -> EagleDraft:
 _LOADED: dict[tuple[str, str], EagleDraft] = {}
 
 
+def head_path(name: str, target_name: str) -> Path:
+    """Where the head called ``name`` lives: ``eagle`` is the shipped default (the better of the two
+    recipes, by chapter 2's measurement; ``studylib/assets/drafts/<target>-eagle.default`` names it) and
+    else the head ``train-draft --kind eagle`` made in the cache; ``eagle1`` / ``eagle3`` are the shipped
+    head of that recipe, else the one ``train-draft --kind eagle --preset shipped --recipe R`` made."""
+    from studylib.decoding.draft_train import _slug
+    from studylib.decoding.head_train import SHIPPED, shipped_dir
+
+    if name == "eagle":
+        pointer = SHIPPED / f"{_slug(target_name)}-eagle.default"
+        if pointer.exists():
+            return shipped_dir(target_name, pointer.read_text().strip())
+        return eagle_dir(target_name)
+    shipped = shipped_dir(target_name, name)
+    if (shipped / HEAD_FILE).exists():
+        return shipped
+    return eagle_dir(target_name).with_name(f"{_slug(target_name)}-{name}")
+
+
 def resolve_eagle(spec, target: LlamaModel) -> EagleDraft:
-    """``eagle`` (the head ``train-draft --kind eagle`` made for this target), ``eagle:full`` (same
-    head, whole LM head), a directory holding a head, or an ``EagleDraft``."""
+    """``eagle`` (the shipped default head, else the one ``train-draft --kind eagle`` made), ``eagle1`` /
+    ``eagle3`` (a recipe's head, see ``head_path``), any of them with ``:full`` (the whole LM head instead
+    of the reduced vocabulary), a directory holding a head, or an ``EagleDraft``."""
     if isinstance(spec, EagleDraft):
         spec.check(target)
         return spec
     if spec is None:
         spec = "eagle"
     if not isinstance(spec, str):
-        raise StudylibError(f"an EAGLE draft is 'eagle', 'eagle:full' or a directory, got {type(spec).__name__}.")
+        raise StudylibError(f"an EAGLE draft is 'eagle', 'eagle1', 'eagle3' (with ':full') or a directory, got "
+                            f"{type(spec).__name__}.")
     full = spec.endswith(":full")
     base = spec[: -len(":full")] if full else spec
-    path = eagle_dir(target.config.name) if base == "eagle" else Path(base)
+    path = head_path(base, target.config.name) if base in ("eagle", *HEAD_KINDS) else Path(base)
     if not (path / HEAD_FILE).exists():
-        raise StudylibError(f"no EAGLE head for {target.config.name!r} in {path}; run "
-                            f"`studylib train-draft --kind eagle --model {target.config.name}` first.")
+        raise StudylibError(f"no EAGLE head {base!r} for {target.config.name!r} in {path}; run "
+                            f"`studylib train-draft --kind eagle --model {target.config.name}` (or with "
+                            "`--preset shipped`) first.")
     key = (str(path.resolve()), f"{target.config.name}:{target.dtype}:{target.device}")
     if key not in _LOADED:
         _LOADED[key] = load_head(path, target)

@@ -508,11 +508,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eagle-head-vocab", type=int, default=d.head_vocab,
                    help="EAGLE: rows of the reduced LM head (FR-Spec; 0: the whole head)")
     p.add_argument("--precision", default=d.precision, help="EAGLE: auto | fp32 | bf16 training matmuls")
+    p.add_argument("--preset", default=None, choices=("shipped",),
+                   help="EAGLE: shipped = build the draft corpus and train as the shipped head was (head_train)")
+    p.add_argument("--recipe", default="eagle3", choices=("eagle3", "eagle1"),
+                   help="EAGLE with --preset: EAGLE-3's recipe (default) or EAGLE-1/2's")
 
 
 def run(args: argparse.Namespace) -> int:
     from studylib.decoding.draft_train import DraftTrainConfig
     from studylib.decoding.eagle import TreeSpec
+
+    if getattr(args, "preset", None) == "shipped":
+        from studylib.decoding import head_train
+
+        return head_train.run_preset(args)
 
     dd = DraftTrainConfig()
     for flag, name, eagle_flag in (("--steps", "steps", "--eagle-steps"), ("--lr", "lr", "--eagle-lr"),

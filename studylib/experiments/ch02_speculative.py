@@ -112,14 +112,15 @@ def parse_spec(spec: str) -> tuple[str, dict]:
         return "prompt-lookup", {"gamma": int(g or 8), "ngram": int(n or 3)}
     if head.startswith("sps:"):
         return "speculative", {"draft": head[4:], "gamma": arg if arg == "adaptive" else int(arg or 4)}
-    if head in ("eagle", "eagle:full"):
+    if head.partition(":")[0] in ("eagle", "eagle1", "eagle3") and head.partition(":")[2] in ("", "full"):
         parts = [int(x) for x in (arg or "5,4,16").split(",")]
         tree = (parts[0], 1, parts[0]) if len(parts) == 1 else tuple(parts)
         if len(tree) != 3:
             raise ValueError(f"bad EAGLE spec {spec!r}; use eagle@GAMMA (a chain) or eagle@DEPTH,TOPK,NODES")
         return "eagle", {"draft": head, "tree": tree}
     raise ValueError(f"unknown method spec {spec!r}; use ar, sps:<draft>@<gamma>, pld@<gamma>,<ngram>, "
-                     "eagle@<gamma> or eagle@<depth>,<topk>,<nodes>")
+                     "eagle@<gamma> or eagle@<depth>,<topk>,<nodes> (eagle1 / eagle3 for a recipe's head, "
+                     "with :full for the whole LM head)")
 
 
 class Runner:
@@ -139,7 +140,7 @@ class Runner:
         return self.drafters[spec]
 
     def eagle(self, spec: str):
-        """The EAGLE drafter for ``eagle`` / ``eagle:full`` (the head made for this target)."""
+        """The EAGLE drafter for ``eagle`` / ``eagle1`` / ``eagle3`` (``:full``): ``eagle.head_path``."""
         from studylib.decoding.eagle import resolve_eagle
 
         key = "eagle-head:" + spec

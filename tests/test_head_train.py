@@ -1,0 +1,101 @@
+"""Training EAGLE heads on the draft corpus: the training-time-test mask is the tree's visibility, the
+recipes learn, training resumes, stops by the curve, and the export loads as a working draft."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from studylib.decoding import ar, draft_corpus as dc, eagle
+from studylib.decoding import head_train as ht
+from studylib.errors import StudylibError
+from studylib.models import load_model
+
+
+def test_ttt_mask_is_what_a_depth_s_node_sees():
+    kv = ht.TTTKV(1, 6, "cpu")
+    assert torch.equal(kv.mask(1), torch.ones(6, 6, dtype=torch.bool).tril())
+    m3 = kv.mask(3)  # (6, 18): step 1 rows, step 2 rows, step 3 rows
+    j = 4  # a depth-3 node at position 4: committed context 0..2, its parent (step 2, row 3), itself
+    assert m3[j, :6].nonzero().flatten().tolist() == [0, 1, 2]
+    assert m3[j, 6:12].nonzero().flatten().tolist() == [3]
+    assert m3[j, 12:].nonzero().flatten().tolist() == [4]
+    assert m3.sum(1).min() >= 1  # no row attends to nothing
+
+
+def test_plateau_rule():
+    curve = [{"top1_1": v} for v in (0.1, 0.3, 0.4, 0.401, 0.4015, 0.4012)]
+    assert ht.plateaued(curve, patience=3, min_delta=0.002)
+    assert not ht.plateaued(curve, patience=3, min_delta=0.0005)
+    assert not ht.plateaued(curve[:3], patience=3, min_delta=0.002)
+
+
+@pytest.fixture(scope="module")
+def tiny_corpus(tmp_path_factory):
+    feat, tok = load_model("tiny-random")
+    gen, _ = load_model("tiny-random", weights="q4_1", act="int8")
+    out = tmp_path_factory.mktemp("corpus") / "c"
+    cfg = dc.CorpusConfig(model="tiny-random", tokens=1500, max_new=24, per_shard={"self": 8}, self_tokens=12,
+                          weights="q4_1", act="int8", max_running=8, kv_budget_mib=32, out=str(out))
+    man = dc.build(cfg, models=(feat, gen, tok), progress=False)
+    return feat, tok, man
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_each_recipe_learns_and_exports_a_working_draft(tmp_path, tiny_corpus, kind):
+    feat, tok, man = tiny_corpus
+    cfg = ht.HeadTrainConfig(kind=kind, corpus=man["path"], context=16, batch_tokens=256, lr=3e-3, warmup=5,
+                             max_steps=60, decay_steps=60, eval_every=20, eval_answers=16, patience=10, head_vocab=64,
+                             ttt_steps=2, precision="fp32")
+    res = ht.train(cfg, tmp_path / "work", loaded=(feat, tok), progress=False)
+    assert res["step"] == 60 and res["stop"] == "max_steps" and len(res["curve"]) == 4
+    first = res["history"][0]
+    last = sum(h["loss"] for h in res["history"][-10:]) / 10
+    assert last < first["loss"]  # it learns something on the training answers
+    meta = ht.export(res, cfg, feat, tmp_path / "head", man)
+    assert meta["head_kind"] == kind and len(meta["sha256"]) == 64 and meta["corpus"]["hash"] == man["hash"]
+    assert json.loads((tmp_path / "head" / eagle.META_FILE).read_text())["sha256"] == meta["sha256"]
+    draft = eagle.load_head(tmp_path / "head", feat)
+    assert draft.head.kind == kind and len(draft.head_ids) == 64
+    prompt = list(range(10, 30))
+    # lossless whatever the head: greedy EAGLE equals AR on the target
+    assert eagle.generate(feat, prompt, 20, draft=draft).token_ids == ar.generate(feat, prompt, 20).token_ids
+
+
+def test_training_resumes_where_it_stopped(tmp_path, tiny_corpus):
+    feat, tok, man = tiny_corpus
+    kw = dict(kind="eagle3", corpus=man["path"], context=16, batch_tokens=256, lr=3e-3, warmup=5, eval_every=10,
+              eval_answers=8, patience=50, head_vocab=64, ttt_steps=2, precision="fp32", decay_steps=30)
+    whole = ht.train(ht.HeadTrainConfig(max_steps=30, **kw), tmp_path / "a", loaded=(feat, tok), progress=False)
+    ht.train(ht.HeadTrainConfig(max_steps=20, **kw), tmp_path / "b", loaded=(feat, tok), progress=False)
+    resumed = ht.train(ht.HeadTrainConfig(max_steps=30, **kw), tmp_path / "b", loaded=(feat, tok), progress=False)
+    for k, v in whole["head"].state_dict().items():
+        assert torch.allclose(v, resumed["head"].state_dict()[k], atol=1e-5), k
+
+
+def test_bad_head_settings_are_named():
+    with pytest.raises(StudylibError, match="kind in"):
+        ht.HeadTrainConfig(kind="medusa")
+
+
+def test_eagle_names_resolve_to_the_shipped_default_then_the_cache(tmp_path, monkeypatch, tiny_corpus):
+    """``eagle`` follows the shipped pointer to a recipe's head; ``eagle3`` is that recipe's head; without
+    shipped heads both fall back to the cache, and a missing head is one clear error."""
+    from studylib.decoding.draft_train import _slug
+
+    feat, _, _ = tiny_corpus
+    monkeypatch.setattr(ht, "SHIPPED", tmp_path / "assets")
+    monkeypatch.setenv("STUDYLIB_CACHE", str(tmp_path / "cache"))
+    slug = _slug(feat.config.name)
+    with pytest.raises(StudylibError, match="no EAGLE head 'eagle3'"):
+        eagle.resolve_eagle("eagle3", feat)
+    head = eagle.EagleHead(feat.config, "eagle3")
+    eagle.save_head(head, tmp_path / "assets" / f"{slug}-eagle3", [], {"head_kind": "eagle3"})
+    (tmp_path / "assets" / f"{slug}-eagle.default").write_text("eagle3\n")
+    eagle._LOADED.clear()
+    assert eagle.head_path("eagle", feat.config.name) == tmp_path / "assets" / f"{slug}-eagle3"
+    assert eagle.resolve_eagle("eagle", feat).head.kind == "eagle3"
+    assert eagle.resolve_eagle("eagle3:full", feat).head_ids is None
+    assert eagle.head_path("eagle1", feat.config.name).name == f"{slug}-eagle1"  # the cache's
