@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from studylib.decoding import ar, draft_corpus as dc, eagle
+from studylib.decoding import ar, eagle
+from studylib.decoding import draft_corpus as dc
 from studylib.decoding import head_train as ht
 from studylib.errors import StudylibError
 from studylib.models import load_model

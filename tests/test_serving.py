@@ -562,3 +562,23 @@ def test_int8_serving_is_exactly_single_request_ar_through_the_fused_step(tiny_i
 
         view = PagedBatch(engine.pool, [[0]], [0], [1])
         assert decode_layers.path(tiny_int8, view, 1) == "fused"
+
+
+def test_requests_carry_their_own_sampling(tiny_int8):
+    """Greedy and sampled requests in one batch: the greedy ones stay exactly single-request AR, the
+    sampled ones follow their own settings, and the same seeds replay the same run."""
+    from studylib.sampling import SamplingParams
+
+    base = workload(6, seed=5)
+    refs = ar_references(tiny_int8, base)
+    hot = SamplingParams(temperature=1.0, seed=11)
+
+    def run():
+        reqs = [Request(f"{r.id}:{k}", r.prompt_ids, r.max_new_tokens, sampling=None if k == "g" else hot)
+                for r in base for k in ("g", "s")]
+        serve(tiny_int8, reqs, scheduler="continuous", prefix_cache="radix", max_batch_tokens=32)
+        return [r.output_ids for r in reqs]
+
+    first, again = run(), run()
+    assert first[0::2] == refs and first == again
+    assert first[1::2] != refs

@@ -46,6 +46,7 @@ import torch
 
 from studylib.cache import cache_dir
 from studylib.errors import StudylibError
+from studylib.sampling import SamplingParams
 
 XSUM_TASKS = (
     "Summarise the article above in one sentence.",
@@ -170,27 +171,28 @@ def shard_prompts(docs: dict[str, list[PoolPrompt]], cfg: CorpusConfig, shard: i
     return out
 
 
-def _engine(model, cfg: CorpusConfig, temperature: float, seed: int):
-    from studylib.sampling import SamplingParams
+def _serve(model, prompts: list[list[int]], max_new: int, eos: set[int], cfg: CorpusConfig,
+           samplings: list[SamplingParams]) -> list[list[list[int]]]:
+    """Every prompt answered once per entry of ``samplings``, all in one continuous-batching run (each
+    request carries its own sampling; the prefix cache shares a prompt between its answers). Returns
+    [sampling][prompt] -> output ids."""
     from studylib.serving.engine import Engine, EngineConfig
-
-    return Engine(model, EngineConfig(scheduler="continuous", prefix_cache="radix", max_running=cfg.max_running,
-                                      max_batch_tokens=1024, kv_budget_mib=cfg.kv_budget_mib,
-                                      sampling=SamplingParams(temperature=temperature, seed=seed)))
-
-
-def _serve(model, prompts: list[list[int]], max_new: int, eos: set[int], cfg: CorpusConfig, temperature: float,
-           seed: int) -> list[list[int]]:
     from studylib.serving.request import Request
 
-    reqs = [Request(str(i), list(p), max_new, eos_ids=frozenset(eos)) for i, p in enumerate(prompts)]
-    engine = _engine(model, cfg, temperature, seed)
+    reqs = [Request(f"{i}/{k}", list(p), max_new, eos_ids=frozenset(eos), sampling=sp)
+            for i, p in enumerate(prompts) for k, sp in enumerate(samplings)]
+    engine = Engine(model, EngineConfig(scheduler="continuous", prefix_cache="radix", max_running=cfg.max_running,
+                                        max_batch_tokens=1024, kv_budget_mib=cfg.kv_budget_mib))
     engine.run(reqs)
     # The engine's KV pool (kv_budget_mib) sits in reference cycles; free it now, not when the cyclic
-    # collector next runs, or pools pile up at three engines a shard (16 GB after 3 shards, measured).
+    # collector next runs, or pools pile up (16 GB after 3 shards at three engines a shard, measured).
     del engine
     gc.collect()
-    return [list(r.output_ids) for r in reqs]
+    out = [[[] for _ in prompts] for _ in samplings]
+    for r in reqs:
+        i, k = (int(x) for x in r.id.split("/"))
+        out[k][i] = list(r.output_ids)
+    return out
 
 
 def self_turns(model, tokenizer, n: int, cfg: CorpusConfig, seed: int) -> list[PoolPrompt]:
@@ -205,7 +207,7 @@ def self_turns(model, tokenizer, n: int, cfg: CorpusConfig, seed: int) -> list[P
                                          tokenize=False)
     head = list(tokenizer.encode(text.split(marker)[0], add_special_tokens=False))
     eos = eos_set(model, tokenizer)
-    outs = _serve(model, [head] * n, cfg.self_tokens, eos, cfg, 1.0, seed)
+    outs = _serve(model, [head] * n, cfg.self_tokens, eos, cfg, [SamplingParams(temperature=1.0, seed=seed)])[0]
     turns = []
     for i, o in enumerate(outs):
         # a turn cut off at self_tokens is kept: still a request the target then answers
@@ -284,17 +286,21 @@ def build_shard(cfg: CorpusConfig, shard: int, docs, gen_model, feat_model, toke
     from studylib.decoding.common import eos_set
 
     seed = cfg.seed * 1_000_003 + shard
+    clock = {"start": time.perf_counter()}
     prompts = shard_prompts(docs, cfg, shard)
     prompts += [p for p in self_turns(gen_model, tokenizer, int(cfg.per_shard.get("self", 0)), cfg, seed)
                 if len(p.ids) <= cfg.max_prompt]
+    clock["self_turns"] = time.perf_counter()
     if not prompts:
         return {"prompts": [], "answers": [], "rows": 0}, np.zeros((0, len(FEATURES), gen_model.config.hidden_size),
                                                                   np.float16)
     eos = eos_set(gen_model, tokenizer)
     ids = [p.ids for p in prompts]
-    runs = [("greedy", _serve(gen_model, ids, cfg.max_new, eos, cfg, 0.0, seed))]
-    for s in range(cfg.samples):
-        runs.append((f"sample{s}", _serve(gen_model, ids, cfg.max_new, eos, cfg, cfg.temperature, seed + 7919 * (s + 1))))
+    kinds = [("greedy", SamplingParams())] + [
+        (f"sample{s}", SamplingParams(temperature=cfg.temperature, seed=seed + 7919 * (s + 1))) for s in range(cfg.samples)]
+    runs = list(zip([k for k, _ in kinds], _serve(gen_model, ids, cfg.max_new, eos, cfg, [sp for _, sp in kinds]),
+                    strict=True))
+    clock["answers"] = time.perf_counter()
     index = {"shard": shard, "key": cfg.key(), "features": list(FEATURES), "layers": list(layers(feat_model.config)),
              "prompts": [], "answers": []}
     chunks, row = [], 0
@@ -307,6 +313,9 @@ def build_shard(cfg: CorpusConfig, shard: int, docs, gen_model, feat_model, toke
         chunks.append(f)
         row += f.shape[0]
     index["rows"] = row
+    clock["features"] = time.perf_counter()
+    index["seconds"] = {k: round(clock[k] - clock[prev], 2) for prev, k in
+                        (("start", "self_turns"), ("self_turns", "answers"), ("answers", "features"))}
     return index, np.concatenate(chunks, axis=0)
 
 

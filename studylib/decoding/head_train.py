@@ -58,7 +58,7 @@ class HeadTrainConfig:
     cls_weight: float = 0.5  # eagle1
     noise: float = 0.1  # eagle1
     ttt_steps: int = 3  # eagle3
-    head_vocab: int = 16384
+    head_vocab: int = 8192  # FR-Spec; the full LM head is measured beside it at run time (eagle_heads.py)
     precision: str = "auto"
     seed: int = 0
     max_minutes: float | None = None

@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field
 
 from studylib.errors import StudylibError
+from studylib.sampling import SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -32,6 +33,7 @@ class Request:
     arrival_s: float = 0.0  # seconds after the benchmark's start; latencies are measured from here
     eos_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False  # vLLM's benchmark option: always produce max_new_tokens tokens
+    sampling: SamplingParams | None = None  # this request's own sampling (None: the engine's), as in vLLM
 
     status: RequestStatus = RequestStatus.WAITING
     output_ids: list[int] = field(default_factory=list)

@@ -16,11 +16,41 @@ from studylib.sampling import SamplingParams, sample
 from studylib.serving.request import Request
 
 
+class RowSampler:
+    """Next tokens for a step's rows, each with its request's sampling (``Request.sampling``) or the
+    engine's. Requests sharing settings share one generator (seeded from those settings), so a batch of
+    greedy and sampled requests is one forward and a per-group draw."""
+
+    def __init__(self, default: SamplingParams, device):
+        self.default, self.device = default, device
+        self.generators: dict[tuple, torch.Generator | None] = {}
+
+    def _gen(self, p: SamplingParams):
+        key = (p.temperature, p.top_k, p.top_p, p.seed)
+        if key not in self.generators:
+            self.generators[key] = p.generator(self.device)
+        return self.generators[key]
+
+    def __call__(self, logits: torch.Tensor, reqs: list[Request | None]) -> torch.Tensor:
+        params = [(r.sampling if r is not None and r.sampling is not None else self.default) for r in reqs]
+        if all(p == params[0] for p in params):
+            return sample(logits, params[0], self._gen(params[0]))
+        out = logits.argmax(-1)
+        groups: dict[tuple, list[int]] = {}
+        for i, p in enumerate(params):
+            if not p.greedy:
+                groups.setdefault((p.temperature, p.top_k, p.top_p, p.seed), []).append(i)
+        for rows in groups.values():
+            p = params[rows[0]]
+            out[rows] = sample(logits[rows], p, self._gen(p))
+        return out
+
+
 class PagedRunner:
     def __init__(self, model: LlamaModel, pool: PagedKVPool, sampling: SamplingParams, attention: str = "auto"):
         self.model, self.pool, self.sampling = model, pool, sampling
         self.attention = attention
-        self.generator = sampling.generator(model.device)
+        self.sampler = RowSampler(sampling, model.device)
 
     @torch.inference_mode()
     def run(self, reqs: list[Request], ns: list[int]) -> dict[str, int]:
@@ -36,14 +66,15 @@ class PagedRunner:
             return {}
         idx = view.logit_index()[want]
         logits = self.model(ids, view, logits=idx).logits[0]  # (len(want), vocab)
-        toks = sample(logits, self.sampling, self.generator).tolist()
+        toks = self.sampler(logits, [reqs[i] for i in want]).tolist()
         return {reqs[i].id: t for i, t in zip(want, toks, strict=True)}
 
 
 class DenseBatchRunner:
     def __init__(self, model: LlamaModel, sampling: SamplingParams, pad_id: int = 0):
         self.model, self.sampling, self.pad_id = model, sampling, pad_id
-        self.generator = sampling.generator(model.device)
+        self.sampler = RowSampler(sampling, model.device)
+        self.by_id: dict[str, Request] = {}
         self.rows: list[str] = []
         self.cache: DenseKVCache | None = None
         self.last: torch.Tensor | None = None  # (B,) the token each row feeds next
@@ -61,6 +92,7 @@ class DenseBatchRunner:
             ids[b, L - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, device=dev)
             valid[b, L - len(r.prompt_ids):] = True
         self.rows = [r.id for r in reqs]
+        self.by_id = {r.id: r for r in reqs}
         logits = self.model(ids, self.cache.begin(L, valid=valid), logits="last").logits[:, -1]  # (B, V)
         return self._sample(logits, set(self.rows))
 
@@ -74,7 +106,7 @@ class DenseBatchRunner:
         return self._sample(logits, live)
 
     def _sample(self, logits: torch.Tensor, live: set[str]) -> dict[str, int]:
-        self.last = sample(logits, self.sampling, self.generator)  # (B,)
+        self.last = self.sampler(logits, [self.by_id.get(rid) for rid in self.rows])  # (B,)
         toks = self.last.tolist()
         return {rid: t for rid, t in zip(self.rows, toks, strict=True) if rid in live}
 
