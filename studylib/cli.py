@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("studylib.data_cli", "fetch and inspect data sets"),
     "train-draft": ("studylib.decoding.draft_train", "distil a small draft model from the target"),
     "bench-serve": ("studylib.serving.cli", "serving benchmark: scheduler x prefix cache x arrival rate"),
+    "sweep": ("studylib.sweep.cli", "run a grid of chapter runs as Ray tasks (local cluster by default)"),
 }
 
 
