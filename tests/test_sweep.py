@@ -110,3 +110,32 @@ def test_the_gpu_sweep_passes_its_dry_run_here(capsys):
     assert main(["sweep", str(paths.repo_root() / "benchmarks" / "gpu_sweep.yaml"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "4 cells pass the dry run" in out and "random_llama3-8b" in out
+
+
+def test_the_sweep_page_puts_cells_side_by_side_and_the_front_page_links_it(tmp_path):
+    """From saved cell results only: the grid, each cell's verdict with its number and link, a figure per
+    quantity measured in every cell, and a front-page entry."""
+    from studylib.claims import judge_at_least
+    from studylib.sweep.page import quantities, sweeps_block, write_sweep_page
+    from studylib.workbook import save_chapter
+
+    out = tmp_path / "reports" / "sweeps" / "toy"
+    cells = []
+    for r2 in (0.95, 0.999):
+        name = f"ch01-r2={r2}"
+        v = judge_at_least("C1", "R^2", (r2, r2 - 1e-3, r2 + 1e-3, 10), 0.99, ">= 0.99", "toy", 1)
+        save_chapter(chapter=1, title="Toy", verdicts=[v], measurements={}, declarations=None, out_dir=out / name,
+                     params={})
+        (out / name / "ch01.html").write_text("<p>cell page</p>")
+        cells.append({"cell": name, "chapter": 1, "overrides": {"r2": r2}, "status": "ok", "attempts": 1,
+                      "where": {"host": "h", "device": "cpu", "isa": "avx2"}})
+    cells.append({"cell": "ch01-r2=bad", "chapter": 1, "overrides": {"r2": "bad"}, "status": "failed", "attempts": 2,
+                  "error": "ValueError: boom", "where": None})
+    (out / "sweep.json").write_text(json.dumps({"name": "toy", "profile": "smoke", "chapters": [1],
+                                                "grid": {"r2": [0.95, 0.999, "bad"]}, "cells": cells}))
+    q = quantities(json.loads((out / "sweep.json").read_text()), out)
+    assert len(q) == 1 and [p[1] for p in next(iter(q.values()))] == [0.95, 0.999]
+    text = write_sweep_page(out).read_text()
+    assert "ch01-r2=0.95/ch01.html" in text and "boom" in text and "quantity_00.png" in text
+    assert (out / "quantity_00.png").exists()
+    assert "sweeps/toy/index.html" in sweeps_block(tmp_path / "reports")

@@ -234,4 +234,7 @@ def run_sweep(spec: SweepSpec, address: str | None = None, resume: bool = False,
                "updated": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                "cells": [records[c.name] for c in cells]}
     atomic_write(out / "sweep.json", json.dumps(summary, indent=1, default=str))
+    from studylib.sweep.page import write_sweep_page
+
+    write_sweep_page(out)  # the front page links it at the next `studylib book` / reproduce
     return summary
