@@ -9,7 +9,7 @@ PROFILE ?= cpu
 .venv/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0 -c constraints.txt
-	$(PY) -m pip install -q -e ".[test,notebooks,gpu,eval]" -c constraints.txt
+	$(PY) -m pip install -q -e ".[test,notebooks,gpu,eval,sweep]" -c constraints.txt
 	$(PY) -m ipykernel install --sys-prefix --name studylib --display-name "studylib (.venv)" >/dev/null
 	touch $@
 

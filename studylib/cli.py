@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-draft": ("studylib.decoding.draft_train", "distil a small draft model from the target"),
     "draft-corpus": ("studylib.decoding.draft_corpus", "build the draft head's corpus: the target's answers and features"),
     "bench-serve": ("studylib.serving.cli", "serving benchmark: scheduler x prefix cache x arrival rate"),
+    "sweep": ("studylib.sweep.cli", "run a grid of chapter runs as Ray tasks (local cluster by default)"),
 }
 
 

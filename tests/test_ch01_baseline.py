@@ -84,7 +84,7 @@ def _runs(fixed_s, gbs, prompts=12, noise=0.01, seed=0):
     """Synthetic per-prompt step times: fixed_s + bytes / bandwidth, for four formats on one path."""
     rng = np.random.default_rng(seed)
     mb = {"dense per-op": 540.0, "dense fused": 540.0, "q8_0": 150.0, "gguf": 90.0, "q4_0": 80.0, "gguf int8": 90.0,
-          "gguf bf16": 90.0}
+          "gguf bf16": 90.0, "q4_1": 90.0, "q4_1 int8": 90.0, "q4_1 bf16": 90.0}
     rows = []
     for p in range(prompts):
         for e, m in mb.items():

@@ -25,18 +25,20 @@ from studylib.decoding import ar
 from studylib.progress import progress_bar
 
 # The engines: the name shown, the weights format and whether dense fp32 takes the fused small-step path.
+# gguf needs the embedded model's file; q4_1 (and its int8 / bf16 arithmetics) serve any model, random
+# weights at real shapes included (the sweeps across model sizes).
 ENGINES = {"dense per-op": ("dense", False), "dense fused": ("dense", True), "q8_0": ("q8_0", True),
-           "gguf": ("gguf", True), "q4_0": ("q4_0", True), "gguf int8": ("gguf", True),
-           "gguf bf16": ("gguf", True)}
+           "gguf": ("gguf", True), "q4_0": ("q4_0", True), "q4_1": ("q4_1", True), "gguf int8": ("gguf", True),
+           "gguf bf16": ("gguf", True), "q4_1 int8": ("q4_1", True), "q4_1 bf16": ("q4_1", True)}
 # Engines that change the activations' arithmetic (--act): neither faithful nor in the bytes fit.
-ENGINE_ACT = {"gguf int8": "int8", "gguf bf16": "bf16"}
+ENGINE_ACT = {"gguf int8": "int8", "gguf bf16": "bf16", "q4_1 int8": "int8", "q4_1 bf16": "bf16"}
 # Engines that compute with the model's own weights bit for bit (the file is Q4_1 blocks; dense is
 # those blocks widened to fp32): only these may decide C2, since a format that changes the weights
 # changes the model.
 FAITHFUL = ("dense per-op", "dense fused", "gguf")
 # The formats of the bytes fit share one engine path (the fused small-step kernels), so the fit
 # compares bytes, not code paths.
-FIT = ("dense fused", "q8_0", "gguf", "q4_0")
+FIT = ("dense fused", "q8_0", "gguf", "q4_1", "q4_0")
 
 
 def load_engines(model_name: str, engines: Sequence[str], device: str = "cpu", progress: bool = True) -> dict:

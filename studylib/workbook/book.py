@@ -441,6 +441,9 @@ def build_book(out: str | Path, index: Mapping[str, Any] | None = None) -> list[
         dirty = bool((records.get(str(c)) or {}).get("dirty_tree"))
         written.append(atomic_write(out / f"{nn}.html", render_chapter(executed[c], data, chapters, c, dirty=dirty,
                                                                       same_kind=same_kind.block(out, c, shared))))
+    from studylib.sweep.page import sweep_dirs, write_sweep_page
+
+    written += [write_sweep_page(d) for d in sweep_dirs(out)]
     written.append(write_front_page(out, index, chapters, executed=executed))
     written.append(write_print_page(out, chapters))
     return written

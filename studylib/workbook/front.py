@@ -350,8 +350,13 @@ def write_front_page(out: Path, index: Mapping[str, Any], chapters: Sequence[tup
         parts += ["<h2>Claimed against measured</h2>",
                   f"<p><img src='{fig.name}' alt='Each measured row as a multiple of its claimed bar, with its 95% "
                   "confidence interval'></p>"]
+    from studylib.sweep.page import sweeps_block
+
+    sweeps = sweeps_block(out)
     parts += [
         "<h2>The chapters</h2>", chapters_table(out, index, chapters, notebooks),
+        *(["<h2>Sweeps</h2><p>Chapters rerun across a grid of settings (<code>studylib sweep</code>), side by side:</p>",
+           sweeps] if sweeps else []),
         "<h2>Search the chapters</h2>",
         "<p><input id='search' type='search' placeholder='a word or phrase, e.g. radix, Quest, TTFT'></p>"
         "<ul id='hits'></ul>",

@@ -1,0 +1,151 @@
+"""A sweep's page in the book, ``<out>/sweeps/<name>/index.html``: the grid, one row per cell with its
+verdicts and deciding numbers (each cell's own pages linked), and one figure per measured quantity
+across the grid. Everything on it is read from the cells' saved results."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from studylib.workbook.paths import atomic_write
+
+_CSS = """
+table.sweep { border-collapse: collapse; font-size: 0.88em; } .table-wrap { max-width: 100%; overflow-x: auto; }
+table.sweep th, table.sweep td { text-align: left; vertical-align: top; padding: 4px 7px; border-top: 1px solid #ddd; }
+table.sweep th { background: #f0f0f0; } .failed { color: #a00; }
+"""
+
+
+def sweep_dirs(profile_dir: Path) -> list[Path]:
+    """The sweeps under a report folder (each holds a ``sweep.json``), by name."""
+    return sorted(p.parent for p in (Path(profile_dir) / "sweeps").glob("*/sweep.json"))
+
+
+def _label(overrides: dict[str, Any], varying: list[str]) -> str:
+    keys = varying or sorted(overrides)
+    return ", ".join(f"{k}={overrides.get(k)}" for k in keys) or "defaults"
+
+
+def _cell_verdicts(cell_dir: Path, chapter: int) -> list:
+    from studylib.claims import load_chapter
+
+    path = cell_dir / f"ch{chapter:02d}.json"
+    if not path.exists():
+        return []
+    try:
+        return load_chapter(path)["verdicts"]
+    except Exception:  # noqa: BLE001 - one unreadable cell must not take the page down
+        return []
+
+
+def _measure(v) -> str:
+    from studylib.workbook.book import format_ci
+
+    return format_ci(v.measured, v.ci, v.n, v.unit)
+
+
+def quantities(summary: dict[str, Any], sweep_dir: Path) -> dict[str, list[tuple[str, float, float, float, Any]]]:
+    """Per measured quantity (a verdict row with a number): [(cell label, value, low, high, bar)]."""
+    varying = list(summary.get("grid", {}))
+    out: dict[str, list] = {}
+    for c in summary["cells"]:
+        for v in _cell_verdicts(sweep_dir / c["cell"], c["chapter"]):
+            if isinstance(v.measured, int | float) and not isinstance(v.measured, bool) and v.ci:
+                # the metric's words without the cell-specific parts (a model name, say)
+                out.setdefault(f"C{v.id[1:]} ch{v.chapter:02d}: {v.metric}", []).append(
+                    (_label(c.get("overrides", {}), varying), float(v.measured), float(v.ci[0]), float(v.ci[1]),
+                     v.threshold))
+    return {k: pts for k, pts in out.items() if len(pts) >= 2}
+
+
+def _figure(name: str, pts: list, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid")
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(pts) + 2), 3.2))
+    xs = list(range(len(pts)))
+    ys = [p[1] for p in pts]
+    ax.errorbar(xs, ys, yerr=[[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]], fmt="o", capsize=4)
+    if pts[0][4] is not None:
+        ax.axhline(pts[0][4], color="#a00", linestyle="--", linewidth=1, label=f"bar {pts[0][4]:g}")
+        ax.legend(loc="best", fontsize=8)
+    ax.set_xticks(xs, [p[0] for p in pts], rotation=20, ha="right", fontsize=8)
+    ax.set_title("\n".join(_wrap(name, 70)), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width) or [text]
+
+
+def write_sweep_page(sweep_dir: Path) -> Path:
+    from studylib.workbook.book import badge, page
+
+    sweep_dir = Path(sweep_dir)
+    summary = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))
+    varying = list(summary.get("grid", {}))
+    esc = html.escape
+    parts = [f"<p><a href='../../index.html'>&larr; the study</a></p><h1>Sweep: {esc(summary['name'])}</h1>"]
+    if summary.get("description"):
+        parts.append(f"<p class='lead'>{esc(summary['description'])}</p>")
+    grid = summary.get("grid", {})
+    parts.append("<h2>The grid</h2><p>Profile <code>{}</code>, chapter{} {}; every combination below is one cell, one "
+                 "run of the chapter with these parameters{}.</p>".format(
+                     esc(summary["profile"]), "s" if len(summary["chapters"]) > 1 else "",
+                     ", ".join(map(str, summary["chapters"])),
+                     (" and the shared ones: " + esc(json.dumps(summary.get("params")))) if summary.get("params") else ""))
+    if grid:
+        parts.append("<div class='table-wrap'><table class='sweep'><tr><th>parameter</th><th>values</th></tr>"
+                     + "".join(f"<tr><td>{esc(k)}</td><td>{esc(', '.join(map(str, v)))}</td></tr>" for k, v in grid.items())
+                     + "</table></div>")
+    rows = []
+    for c in summary["cells"]:
+        cell_dir = sweep_dir / c["cell"]
+        nn = f"ch{c['chapter']:02d}"
+        link = f"<a href='{esc(c['cell'])}/{nn}.html'>{esc(_label(c.get('overrides', {}), varying))}</a>" \
+            if (cell_dir / f"{nn}.html").exists() else esc(_label(c.get("overrides", {}), varying))
+        where = c.get("where") or {}
+        verdicts = [v for v in _cell_verdicts(cell_dir, c["chapter"]) if v.role == "decision"]
+        vtext = "<br>".join(f"{esc(v.id)} {badge(v.verdict)} {esc(v.metric)}: {esc(_measure(v))}" for v in verdicts)
+        status = c["status"] if c["status"] != "failed" else f"<span class='failed'>failed</span>: {esc(c.get('error') or '')}"
+        rows.append(f"<tr><td>{link}</td><td>{nn}</td><td>{status}</td><td>{c.get('attempts', '')}</td>"
+                    f"<td>{esc(str(where.get('host', '')))}<br>{esc(str(where.get('device', '')))}, "
+                    f"{esc(str(where.get('isa', '')))}</td><td>{vtext or 'no verdict'}</td></tr>")
+    parts.append("<h2>The cells</h2><div class='table-wrap'><table class='sweep'><tr><th>cell</th><th>chapter</th>"
+                 "<th>status</th><th>attempts</th><th>ran on</th><th>verdicts (deciding number [95% CI], n)</th></tr>"
+                 + "".join(rows) + "</table></div>")
+    figs = []
+    for i, (name, pts) in enumerate(sorted(quantities(summary, sweep_dir).items())):
+        f = _figure(name, pts, sweep_dir / f"quantity_{i:02d}.png")
+        figs.append(f"<figure><img src='{f.name}' alt='{esc(name)} across the grid'><figcaption>{esc(name)}: each "
+                    "cell's measured value with its confidence interval; the dashed line is the claim's bar.</figcaption>"
+                    "</figure>")
+    if figs:
+        parts.append("<h2>Across the grid</h2>" + "".join(figs))
+    parts.append(f"<p class='meta'>Commit {esc(str(summary.get('commit', ''))[:12])}, updated {esc(summary.get('updated', ''))}"
+                 f", {esc(str(summary.get('seconds', '')))} s of sweep wall time.</p>")
+    return atomic_write(sweep_dir / "index.html", page(f"Sweep {summary['name']}", "".join(parts), _CSS))
+
+
+def sweeps_block(profile_dir: Path) -> str:
+    """The front page's list of sweeps (empty when there is none)."""
+    items = []
+    for d in sweep_dirs(profile_dir):
+        s = json.loads((d / "sweep.json").read_text(encoding="utf-8"))
+        ok = sum(c["status"] in ("ok", "up to date") for c in s["cells"])
+        items.append(f"<li><a href='sweeps/{html.escape(d.name)}/index.html'>{html.escape(s['name'])}</a>: "
+                     f"{len(s['cells'])} cells ({ok} with results)"
+                     + (f", {html.escape(s['description'])}" if s.get("description") else "") + "</li>")
+    return "<ul>" + "".join(items) + "</ul>" if items else ""
+

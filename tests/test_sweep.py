@@ -1,0 +1,141 @@
+"""``studylib sweep``: the spec's checks, the dry run without Ray, a two-cell sweep on a local Ray cluster,
+a failing cell that stays local, and ``--resume`` that executes nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from studylib.cli import main
+from studylib.errors import StudylibError
+from studylib.sweep import run as sweep_run
+from studylib.sweep.spec import cell_name, load_spec, problems
+from tests.test_workbook import make_notebook
+
+
+@pytest.fixture
+def toy(tmp_path):
+    nbs = tmp_path / "notebooks"
+    (nbs / "params").mkdir(parents=True)
+    (nbs / "params" / "smoke.yaml").write_text("common:\n  model: tiny-random\nch01:\n  r2: 0.999\n")
+    make_notebook(nbs, 1)
+    return nbs, tmp_path
+
+
+def _spec(tmp_path, **raw):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"name": "toy", "profile": "smoke", "chapters": [1], **raw}))
+    return path
+
+
+def test_spec_problems_are_one_line_each():
+    bad = problems({"name": "a b", "profile": "cpu", "chapters": [], "gird": {"x": [1]},
+                    "resources": {"num_cpu": 2}, "retries": -1, "grid": {"model": "m1"}})
+    assert len(bad) == 6 and all("\n" not in b for b in bad)
+    text = "\n".join(bad)
+    assert "'gird'" in text and "did you mean 'grid'" in text and "num_cpu" in text and "retries" in text
+    assert "grid.model must be a non-empty list" in text and "chapters must be" in text
+
+
+def test_cells_expand_a_product_and_a_list_with_stable_names(tmp_path):
+    spec = load_spec(_spec(tmp_path, grid={"r2": [0.5, 0.999], "model": ["a"]}, cells=[{"r2": 0.7}],
+                           params={"model": "base"}))
+    cells = spec.expand()
+    assert [c.params for c in cells] == [{"model": "a", "r2": 0.5}, {"model": "a", "r2": 0.999},
+                                         {"model": "base", "r2": 0.7}]
+    assert cells[0].name == cell_name(1, {"r2": 0.5, "model": "a"}) == "ch01-model=a-r2=0.5"
+    assert cells[2].name == "ch01-r2=0.7"  # named by what varies, not by the shared params
+
+
+def test_a_bad_spec_exits_2_with_one_line_per_problem(tmp_path, capsys):
+    path = _spec(tmp_path, grid={"r2": 0.5}, retriez=2)
+    assert main(["sweep", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("studylib: error:") and len(lines) == 2 and "Traceback" not in err
+
+
+@pytest.mark.notebook
+def test_dry_run_checks_every_cell_and_never_starts_ray(toy, monkeypatch):
+    nbs, tmp_path = toy
+    monkeypatch.setattr(sweep_run, "init_ray", lambda *a, **k: pytest.fail("the dry run started Ray"))
+    good = load_spec(_spec(tmp_path, grid={"r2": [0.5, 0.9]}))
+    assert sweep_run.check(good, nbs) == []
+    wrong = load_spec(_spec(tmp_path, grid={"r2": ["high", 0.9], "colour": [1]}))
+    bad = sweep_run.check(wrong, nbs)
+    assert any("r2 = 'high' is a str" in b for b in bad) and any("colour" in b for b in bad)
+    assert all(b.startswith("cell ch01-") for b in bad)
+
+
+@pytest.mark.notebook
+def test_a_two_cell_sweep_on_local_ray_resumes_and_keeps_failures_local(toy, monkeypatch):
+    nbs, tmp_path = toy
+    out = tmp_path / "out"
+    spec = load_spec(_spec(tmp_path, grid={"r2": [0.5, 0.999]}, resources={"num_cpus": 1}))
+    first = sweep_run.run_sweep(spec, notebooks_dir=nbs, out_dir=out, progress=False, num_cpus=2)
+    assert [c["status"] for c in first["cells"]] == ["ok", "ok"]
+    for c in first["cells"]:
+        data = json.loads((out / c["cell"] / "ch01.json").read_text())
+        assert data["measurements"]["r2"] == c["overrides"]["r2"]
+        rec = json.loads((out / c["cell"] / "cell.json").read_text())
+        assert rec["where"]["host"] and rec["where"]["isa"] and rec["key"]["params"]["r2"] == c["overrides"]["r2"]
+        assert (out / c["cell"] / "ch01.ipynb").exists() and (out / c["cell"] / "ch01.html").exists()
+    # --resume: every cell is up to date, so nothing runs and Ray is not even started
+    monkeypatch.setattr(sweep_run, "init_ray", lambda *a, **k: pytest.fail("resume executed a cell"))
+    again = sweep_run.run_sweep(spec, notebooks_dir=nbs, out_dir=out, progress=False, resume=True)
+    assert [c["status"] for c in again["cells"]] == ["up to date", "up to date"]
+    monkeypatch.undo()
+    # one cell made to fail: retried, recorded failed with its error; the other keeps its results
+    failing = load_spec(_spec(tmp_path, grid={"r2": [0.999], "fail": [False, True]}, retries=1))
+    res = sweep_run.run_sweep(failing, notebooks_dir=nbs, out_dir=out, progress=False, num_cpus=2)
+    by = {c["overrides"]["fail"]: c for c in res["cells"]}
+    assert by[False]["status"] == "ok" and (out / by[False]["cell"] / "ch01.json").exists()
+    assert by[True]["status"] == "failed" and by[True]["attempts"] == 2 and "boom" in by[True]["error"]
+    assert not (out / by[True]["cell"] / "ch01.json").exists()
+    assert json.loads((out / "sweep.json").read_text())["cells"][1]["status"] == "failed"
+
+
+def test_unknown_address_is_refused():
+    with pytest.raises(StudylibError, match="--address"):
+        sweep_run.init_ray("tcp://nowhere")
+
+
+@pytest.mark.notebook
+def test_the_gpu_sweep_passes_its_dry_run_here(capsys):
+    """benchmarks/gpu_sweep.yaml is the same grid for a GPU cluster; CI checks it without a GPU."""
+    from studylib.workbook import paths
+
+    assert main(["sweep", str(paths.repo_root() / "benchmarks" / "gpu_sweep.yaml"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "4 cells pass the dry run" in out and "random_llama3-8b" in out
+
+
+def test_the_sweep_page_puts_cells_side_by_side_and_the_front_page_links_it(tmp_path):
+    """From saved cell results only: the grid, each cell's verdict with its number and link, a figure per
+    quantity measured in every cell, and a front-page entry."""
+    from studylib.claims import judge_at_least
+    from studylib.sweep.page import quantities, sweeps_block, write_sweep_page
+    from studylib.workbook import save_chapter
+
+    out = tmp_path / "reports" / "sweeps" / "toy"
+    cells = []
+    for r2 in (0.95, 0.999):
+        name = f"ch01-r2={r2}"
+        v = judge_at_least("C1", "R^2", (r2, r2 - 1e-3, r2 + 1e-3, 10), 0.99, ">= 0.99", "toy", 1)
+        save_chapter(chapter=1, title="Toy", verdicts=[v], measurements={}, declarations=None, out_dir=out / name,
+                     params={})
+        (out / name / "ch01.html").write_text("<p>cell page</p>")
+        cells.append({"cell": name, "chapter": 1, "overrides": {"r2": r2}, "status": "ok", "attempts": 1,
+                      "where": {"host": "h", "device": "cpu", "isa": "avx2"}})
+    cells.append({"cell": "ch01-r2=bad", "chapter": 1, "overrides": {"r2": "bad"}, "status": "failed", "attempts": 2,
+                  "error": "ValueError: boom", "where": None})
+    (out / "sweep.json").write_text(json.dumps({"name": "toy", "profile": "smoke", "chapters": [1],
+                                                "grid": {"r2": [0.95, 0.999, "bad"]}, "cells": cells}))
+    q = quantities(json.loads((out / "sweep.json").read_text()), out)
+    assert len(q) == 1 and [p[1] for p in next(iter(q.values()))] == [0.95, 0.999]
+    text = write_sweep_page(out).read_text()
+    assert "ch01-r2=0.95/ch01.html" in text and "boom" in text and "quantity_00.png" in text
+    assert (out / "quantity_00.png").exists()
+    assert "sweeps/toy/index.html" in sweeps_block(tmp_path / "reports")
