@@ -100,3 +100,30 @@ def test_eagle_names_resolve_to_the_shipped_default_then_the_cache(tmp_path, mon
     assert eagle.resolve_eagle("eagle", feat).head.kind == "eagle3"
     assert eagle.resolve_eagle("eagle3:full", feat).head_ids is None
     assert eagle.head_path("eagle1", feat.config.name).name == f"{slug}-eagle1"  # the cache's
+
+
+def test_chapter_2_reads_the_shipped_head_and_its_manifest(tmp_path, monkeypatch, tiny_corpus):
+    """Chapter 2 trains nothing by default: it reads the shipped head, names its sha256 and shows its
+    curve and data from the manifest; without a head it says how to get one."""
+    from studylib.decoding.draft_train import _slug
+    from studylib.experiments import ch02_eagle as ex
+
+    feat, tok, man = tiny_corpus
+    monkeypatch.setattr(ht, "SHIPPED", tmp_path / "assets")
+    monkeypatch.setenv("STUDYLIB_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(StudylibError, match="retrain_drafts=true"):
+        ex.chapter_head(feat.config.name)
+    cfg = ht.HeadTrainConfig(kind="eagle3", corpus=man["path"], context=16, batch_tokens=256, warmup=2, max_steps=6,
+                             decay_steps=6, eval_every=3, eval_answers=8, head_vocab=64, ttt_steps=2, precision="fp32")
+    res = ht.train(cfg, tmp_path / "work", loaded=(feat, tok), progress=False)
+    slug = _slug(feat.config.name)
+    ht.export(res, cfg, feat, tmp_path / "assets" / f"{slug}-eagle3", man)
+    (tmp_path / "assets" / f"{slug}-eagle.default").write_text("eagle3")
+    meta = ex.chapter_head(feat.config.name)
+    assert meta["head_kind"] == "eagle3" and not meta["trained_now"] and len(meta["sha256"]) == 64
+    curve = ex.training_curve(meta)
+    assert set(curve["drafted token"]) == {"first", "second"} and curve.tokens.max() == 6 * 256
+    table = ex.corpus_table(meta)
+    assert table.answer_tokens.sum() == man["answer_tokens"] and abs(table.share.sum() - 1) < 1e-9
+    text = ex.head_summary(meta)
+    assert meta["sha256"][:12] in text and "shipped with the study" in text and "EAGLE-3" in text

@@ -23,52 +23,86 @@ from studylib.workbook import illustration as ill
 from studylib.workbook.tables import why_not_measured
 
 
-def ensure_eagle(model_name: str, minutes: float, smoke: bool = False, loaded: tuple | None = None,
-                 device: str = "cpu", steps: int | None = None, **config) -> dict:
-    """Reuse the cached head when it was trained with these settings (and at least ``steps`` steps),
-    else train one now. The smoke profile trains into its own directory, so a tiny smoke head never
-    replaces the real one. Returns the head's metadata (``eagle_train``)."""
-    from studylib.decoding.eagle import META_FILE, eagle_dir
-    from studylib.decoding.eagle_train import EagleTrainConfig, reuse_key, train_eagle
+def chapter_head(model_name: str, name: str = "eagle", retrain: bool = False, loaded: tuple | None = None) -> dict:
+    """The EAGLE head chapter 2 runs: the one shipped with the study (``name``: ``eagle``, the shipped
+    default, or ``eagle1`` / ``eagle3``; ``eagle.head_path``), read from its manifest; nothing is trained.
+    ``retrain``: rebuild the draft corpus and retrain that head as the shipped one was trained (its
+    manifest's settings; hours on a CPU, resumable), into the cache, and use that instead. Returns the
+    manifest with ``path``, ``trained_now`` and ``sha256`` (of the weights file this run loads)."""
+    import hashlib
 
-    kw = {"model": model_name, "max_minutes": minutes, "device": device, **config}
-    if steps is not None:
-        kw["steps"] = steps
-    if smoke:
-        kw["out"] = str(eagle_dir(model_name).with_name(eagle_dir(model_name).name + "-smoke"))
-    cfg = EagleTrainConfig(**kw)
-    out = Path(cfg.out) if cfg.out else eagle_dir(model_name)
-    meta_path = out / META_FILE
-    if meta_path.exists():
-        meta = json.loads(meta_path.read_text())
-        if meta.get("reuse_key") == reuse_key(cfg) and meta.get("complete") and meta.get("steps_done", 0) >= cfg.steps:
-            return {**meta, "path": str(out), "trained_now": False}
-    if loaded is not None and (loaded[0].dtype != torch.float32 or loaded[0].weights_format != "dense"):
-        loaded = None
-    return {**train_eagle(cfg, loaded), "path": str(out), "trained_now": True}
+    from studylib.decoding.eagle import HEAD_FILE, META_FILE, head_path
+    from studylib.errors import StudylibError
+
+    path = head_path(name, model_name)
+    if retrain:
+        from studylib.decoding import draft_corpus, head_train
+        from studylib.decoding.draft_train import _slug
+
+        meta = json.loads((path / META_FILE).read_text()) if (path / META_FILE).exists() else {}
+        kind = meta.get("head_kind", name if name in ("eagle1", "eagle3") else "eagle3")
+        ccfg, tcfg = head_train.shipped_config(model_name, kind)
+        man = draft_corpus.build(draft_corpus.CorpusConfig(**{**(ccfg or {}), "model": model_name, "max_minutes": None,
+                                                              "out": None}))
+        cfg = head_train.HeadTrainConfig(**{**(tcfg or {"kind": kind}), "corpus": man["path"], "max_minutes": None})
+        from studylib.cache import cache_dir
+        from studylib.models import load_model
+
+        target = loaded if loaded is not None and loaded[0].weights_format == "dense" and \
+            loaded[0].dtype == torch.float32 else load_model(model_name, "cpu", "float32")
+        res = head_train.train(cfg, cache_dir("drafts", f"{_slug(model_name)}-{kind}-work"), loaded=target)
+        path = cache_dir("drafts", f"{_slug(model_name)}-{kind}-retrained")
+        head_train.export(res, cfg, target[0], path, man)
+    if not (path / HEAD_FILE).exists():
+        raise StudylibError(f"no EAGLE head {name!r} for {model_name} in {path}; the study ships one for "
+                            "smollm2-135m; for another model train one with `studylib train-draft --kind eagle "
+                            f"--preset shipped --model {model_name}`, or run the chapter with -p retrain_drafts=true.")
+    meta = json.loads((path / META_FILE).read_text()) if (path / META_FILE).exists() else {}
+    meta.update(path=str(path), trained_now=retrain,
+                sha256=hashlib.sha256((path / HEAD_FILE).read_bytes()).hexdigest())
+    return meta
 
 
 def head_summary(meta: dict) -> str:
-    fresh = "trained in this run" if meta.get("trained_now") else "reused from the cache"
-    state = "complete" if meta.get("complete") else "stopped at its time cap"
-    return (f"The EAGLE head ({fresh}, {state}) is one decoder layer of the target's shape after a projection of "
-            f"[token embedding, target feature] to the model width: {meta.get('params', 0) / 1e6:.1f}M parameters against the "
-            f"target's {meta.get('target_params', 0) / 1e6:.1f}M, trained for {meta.get('steps_done')} steps on "
-            f"{meta.get('train_tokens')} tokens of features ({meta.get('answer_sequences')} of the "
-            f"{meta.get('sequences')} sequences are the target's own answers, the rest NarrativeQA stories and "
-            f"XSum articles outside the quarter evaluated here), in "
-            f"{meta.get('precision')} on this CPU. On held-out sequences its first drafted token equals the "
-            f"target's next token {meta.get('val_top1', float('nan')):.1%} of the time, and its second (fed its own "
-            f"predicted feature) {meta.get('val_top1_second', float('nan')):.1%}. Its LM head keeps the "
-            f"{meta.get('head_vocab') or 'full'} tokens the target ranks first most often (FR-Spec).")
+    """What the head is, what it was trained on and how it scores on held-out answers, from its manifest."""
+    tr, corpus, held = meta.get("training", {}), meta.get("corpus", {}), meta.get("heldout", {})
+    fin = held.get("final", {})
+    recipe = {"eagle3": "EAGLE-3's recipe (the target's low, middle and high layers fused; trained on its own "
+                        "predictions, training-time test)",
+              "eagle1": "EAGLE-1/2's recipe (the target's last feature; the next feature regressed)"}.get(
+        meta.get("head_kind"), "an unknown recipe")
+    origin = "retrained in this run" if meta.get("trained_now") else "shipped with the study"
+    mach = meta.get("machine", {})
+    return (f"The EAGLE head ({origin}; sha256 {meta.get('sha256', '')[:12]}) is one decoder layer of the target's "
+            f"shape, {meta.get('params', 0) / 1e6:.1f}M parameters, trained with {recipe} on "
+            f"{(corpus.get('answer_tokens') or 0):,} tokens of the target's own answers ({corpus.get('answers') or 0:,} "
+            f"answers to {corpus.get('prompts') or 0:,} prompts, none of them a prompt any chapter evaluates) for "
+            f"{tr.get('steps')} steps ({(tr.get('seconds') or 0) / 3600:.1f} hours in {tr.get('precision')} on "
+            f"{mach.get('cpu', 'a CPU')}; stopped: {tr.get('stop')}). On held-out answers its first drafted token "
+            f"equals the target's {100 * fin.get('top1_1', float('nan')):.1f}% of the time and its second "
+            f"{100 * fin.get('top1_2', float('nan')):.1f}%. Its LM head keeps the {meta.get('head_vocab') or 'full'} "
+            "tokens the target ranks first most often (FR-Spec); `eagle:full` uses the whole LM head.")
 
 
 def training_curve(meta: dict) -> pd.DataFrame:
-    h = pd.DataFrame(meta.get("history", []))
-    if h.empty:
-        return h
-    keep = [c for c in ("step", "loss", "top1", "top1_2") if c in h]
-    return h[keep]
+    """The held-out curve from the manifest: tokens seen against top-1 of the first and second drafted token."""
+    curve = pd.DataFrame(meta.get("heldout", {}).get("curve", []))
+    if curve.empty:
+        return curve
+    long = curve.melt(id_vars="tokens", value_vars=[c for c in ("top1_1", "top1_2") if c in curve],
+                      var_name="drafted token", value_name="held-out top-1")
+    return long.replace({"drafted token": {"top1_1": "first", "top1_2": "second"}})
+
+
+def corpus_table(meta: dict) -> pd.DataFrame:
+    """The head's training data by source (answer tokens), from its manifest."""
+    by = meta.get("corpus", {}).get("by_source") or {}
+    words = {"self": "user turns the target wrote itself", "xsum": "XSum articles (draft split), four tasks each",
+             "nqa": "NarrativeQA questions (draft split)", "story": "NarrativeQA stories (draft split), three tasks each",
+             "code": "HumanEval problems (draft split)"}
+    total = sum(by.values()) or 1
+    return pd.DataFrame([{"source": words.get(k, k), "answer_tokens": v, "share": v / total}
+                         for k, v in sorted(by.items(), key=lambda kv: -kv[1])])
 
 
 # ------------------------------------------------------------------------------------------- exactness

@@ -42,29 +42,31 @@ def _hf_generate(hf, ids: list[int], max_new_tokens: int, eos: int, **kw) -> tup
     return out[0, len(ids):].tolist(), time.perf_counter() - t0
 
 
-def hf_peers(runner: Runner, prompts: Sequence[Prompt], draft_path: str, gamma: int, ngram: int,
+def hf_peers(runner: Runner, prompts: Sequence[Prompt], draft_path: str | None, gamma: int, ngram: int,
              max_new_tokens: int, pld_gamma: int | None = None, extra: Sequence[str] = ()) -> pd.DataFrame:
-    """Ours and HF's AR, draft-model speculation (``gamma``) and prompt lookup (``pld_gamma``, default
-    ``gamma``, and ``ngram``), per prompt, greedy. ``extra``: more of our methods on the same prompts
-    (the EAGLE headline, compared with HF's assisted generation)."""
+    """Ours and HF's AR, draft-model speculation (``gamma``; only with a ``draft_path``: HF's assisted
+    generation needs a draft model) and prompt lookup (``pld_gamma``, default ``gamma``, and ``ngram``), per
+    prompt, greedy. ``extra``: more of our methods on the same prompts (the EAGLE headline, compared with
+    HF's assisted generation, else HF's AR)."""
     pld_gamma = gamma if pld_gamma is None else pld_gamma
     from studylib.models import load_hf_model
 
     model = runner.model
     dtype = str(model.dtype).replace("torch.", "")
     hf = load_hf_model(model.config.name, str(model.device), dtype)
-    hf_draft = load_hf_model(draft_path, str(model.device), dtype)
     eos = model.config.eos_token_ids[0]
-    # HF reads the drafting knobs from the assistant's own generation config.
-    hf_draft.generation_config.num_assistant_tokens = gamma
-    hf_draft.generation_config.num_assistant_tokens_schedule = "constant"
-    hf_draft.generation_config.assistant_confidence_threshold = 0.0
-    hf_cfgs = {
-        "hf:ar": {},
-        f"hf:assisted@{gamma}": {"assistant_model": hf_draft},
-        f"hf:pld@{pld_gamma},{ngram}": {"prompt_lookup_num_tokens": pld_gamma, "max_matching_ngram_size": ngram},
-    }
-    ours = ["ar", f"sps:distilled:full@{gamma}", f"pld@{pld_gamma},{ngram}", *extra]
+    hf_cfgs = {"hf:ar": {}}
+    ours = ["ar"]
+    if draft_path is not None:
+        hf_draft = load_hf_model(draft_path, str(model.device), dtype)
+        # HF reads the drafting knobs from the assistant's own generation config.
+        hf_draft.generation_config.num_assistant_tokens = gamma
+        hf_draft.generation_config.num_assistant_tokens_schedule = "constant"
+        hf_draft.generation_config.assistant_confidence_threshold = 0.0
+        hf_cfgs[f"hf:assisted@{gamma}"] = {"assistant_model": hf_draft}
+        ours.append(f"sps:distilled:full@{gamma}")
+    hf_cfgs[f"hf:pld@{pld_gamma},{ngram}"] = {"prompt_lookup_num_tokens": pld_gamma, "max_matching_ngram_size": ngram}
+    ours += [f"pld@{pld_gamma},{ngram}", *extra]
     warm = prompts[0].ids[:16] if prompts else []
     for cfg in hf_cfgs.values():
         _hf_generate(hf, warm, 3, eos, **cfg)
@@ -94,9 +96,12 @@ def hf_peer_summary(df: pd.DataFrame, gamma: int, ngram: int, pld_gamma: int | N
     assisted generation with our distilled draft (the strongest HF speculative peer here). On fewer than
     ``MIN_UNITS`` prompts the table is an illustration (``studylib.workbook.illustration``): no CI columns."""
     pld_gamma = gamma if pld_gamma is None else pld_gamma
+    have = set(df.config)
+    spec_peer = f"hf:assisted@{gamma}" if f"hf:assisted@{gamma}" in have else "hf:ar"
     pairs = [("ar", "hf:ar"), (f"sps:distilled:full@{gamma}", f"hf:assisted@{gamma}"),
              (f"pld@{pld_gamma},{ngram}", f"hf:pld@{pld_gamma},{ngram}"),
-             *((m, f"hf:assisted@{gamma}") for m in extra if m in set(df.config))]
+             *((m, spec_peer) for m in extra if m in have)]
+    pairs = [(o, p) for o, p in pairs if o in have and p in have]
     wide = df.pivot_table(index="prompt", columns="config", values="s_per_token")
     eq = df.groupby("config").equal_to_our_ar.mean()
     rows = []
