@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
