@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tree", default="5,4,16")
     p.add_argument("--heads", default="eagle1,eagle3")
     p.add_argument("--out", default="reports/bench/eagle_heads")
+    p.add_argument("--ship", default=None,
+                   help="the shipped heads' folder: write the decision there (the default pointer; FR-Spec kept or "
+                        "the reduced vocabulary dropped from the winner)")
     args = p.parse_args(argv)
 
     import torch
@@ -73,8 +76,28 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(f"\nDefault by the declared rule: `{head}` (best arm `{best}`), FR-Spec vocabulary "
                  f"{'kept' if keep_fr else 'dropped'}.")
     (out / "eagle_heads.md").write_text("\n".join(lines) + "\n")
+    if args.ship:
+        ship(Path(args.ship), model.config.name, head, keep_fr, result)
     print("\n".join(lines))
     return 0
+
+
+def ship(folder: Path, target: str, head: str, keep_fr: bool, result: dict) -> None:
+    """Record the measured decision beside the shipped heads: ``<target>-eagle.default`` names the default
+    head; without FR-Spec the winner's reduced vocabulary is emptied (it then projects on the whole LM head)."""
+    from studylib.decoding.draft_train import _slug
+    from studylib.decoding.eagle import META_FILE, VOCAB_FILE
+
+    slug = _slug(target)
+    (folder / f"{slug}-eagle.default").write_text(head + "\n")
+    d = folder / f"{slug}-{head}"
+    meta = json.loads((d / META_FILE).read_text())
+    meta["decision"] = {"default": True, "fr_spec": keep_fr, "by": "benchmarks/eagle_heads.py",
+                        "summary": result["summary"], "prompts": result["prompts"]}
+    if not keep_fr:
+        (d / VOCAB_FILE).write_text("[]")
+        meta["head_vocab"] = 0
+    (d / META_FILE).write_text(json.dumps(meta, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -49,12 +49,12 @@ class HeadTrainConfig:
     batch_tokens: int = 4096
     lr: float = 6e-4
     warmup: int = 200
-    max_steps: int = 20_000  # a stop; the learning rate decays over decay_steps whatever the stop
-    decay_steps: int = 20_000
+    max_steps: int = 2_400  # a stop (about 3 passes over a 2M-token corpus); the curve may stop it sooner
+    decay_steps: int = 2_400  # the learning rate's cosine decay, whatever the stop
     eval_every: int = 250
     eval_answers: int = 256
     patience: int = 4
-    min_delta: float = 0.002
+    min_delta: float = 0.003
     cls_weight: float = 0.5  # eagle1
     noise: float = 0.1  # eagle1
     ttt_steps: int = 3  # eagle3
