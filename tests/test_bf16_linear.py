@@ -197,3 +197,17 @@ def test_the_three_arithmetics_are_three_models():
             assert torch.equal(out, logits[act])
         logits[act] = out
     assert not torch.equal(logits["bf16"], logits["fp32"]) and not torch.equal(logits["bf16"], logits["int8"])
+
+
+def test_a_nan_stays_a_nan_and_a_missing_path_is_refused(path, monkeypatch):
+    x = torch.randn(2, 64)
+    x[0, 5] = float("nan")
+    assert torch.isnan(B.round_activations(x)[0, 5]) and not torch.isnan(B.round_activations(x)[1]).any()
+    w = _random_blocks(16, 64, "q4_1", seed=1)
+    y = B.linear(x, w)
+    assert torch.isnan(y[0]).all() and not torch.isnan(y[1]).any()
+    monkeypatch.setattr(B, "_cpu_flags", lambda: frozenset())
+    with pytest.raises(StudylibError, match="cannot run"):
+        B.lib("avx2")
+    with pytest.raises(StudylibError, match="no bf16_linear path"):
+        B.lib("avx9000")

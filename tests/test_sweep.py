@@ -131,11 +131,45 @@ def test_the_sweep_page_puts_cells_side_by_side_and_the_front_page_links_it(tmp_
                       "where": {"host": "h", "device": "cpu", "isa": "avx2"}})
     cells.append({"cell": "ch01-r2=bad", "chapter": 1, "overrides": {"r2": "bad"}, "status": "failed", "attempts": 2,
                   "error": "ValueError: boom", "where": None})
+    # a failed rerun of a cell that once succeeded: its old results are not this sweep's
+    v = judge_at_least("C1", "R^2", (0.5, 0.49, 0.51, 10), 0.99, ">= 0.99", "toy", 1)
+    save_chapter(chapter=1, title="Toy", verdicts=[v], measurements={}, declarations=None, out_dir=out / "ch01-r2=bad",
+                 params={})
+    (out / "ch01-r2=bad" / "ch01.failed.html").write_text("<p>failed</p>")
     (out / "sweep.json").write_text(json.dumps({"name": "toy", "profile": "smoke", "chapters": [1],
                                                 "grid": {"r2": [0.95, 0.999, "bad"]}, "cells": cells}))
     q = quantities(json.loads((out / "sweep.json").read_text()), out)
     assert len(q) == 1 and [p[1] for p in next(iter(q.values()))] == [0.95, 0.999]
     text = write_sweep_page(out).read_text()
     assert "ch01-r2=0.95/ch01.html" in text and "boom" in text and "quantity_00.png" in text
+    assert "ch01-r2=bad/ch01.failed.html" in text and "0.5 " not in text.split("ch01-r2=bad")[-1][:300]
     assert (out / "quantity_00.png").exists()
     assert "sweeps/toy/index.html" in sweeps_block(tmp_path / "reports")
+
+
+def test_names_never_collide_and_equal_cells_run_once(tmp_path):
+    long = "/x/" + "a" * 60
+    spec = load_spec(_spec(tmp_path, grid={"model": [long + "1", long + "2"]}, cells=[{"model": long + "1"}]))
+    cells = spec.expand()
+    assert len(cells) == 2 and len({c.name for c in cells}) == 2  # shortened names got their params' hash
+    assert problems({"name": "x", "profile": "cpu", "chapters": [1], "grid": {1: [2]}, "concurrency": 0})[0:2] == [
+        "the spec: grid keys must be parameter names (text), got ['1']",
+        "the spec: concurrency must be an integer >= 1 (cells at once), got 0"]
+
+
+def test_a_cell_no_node_can_hold_is_refused_not_waited_for():
+    class FakeRay:
+        @staticmethod
+        def cluster_resources():
+            return {"CPU": 2.0, "memory": 8 * 2**30}
+
+    assert sweep_run._unschedulable(FakeRay, {"num_cpus": 4.0, "num_gpus": 1.0}) == {"num_cpus": 4.0, "num_gpus": 1.0}
+    assert sweep_run._unschedulable(FakeRay, {"num_cpus": 2.0}) == {}
+
+
+def test_the_resume_key_names_uncommitted_code_and_the_machine():
+    from studylib.sweep.spec import Cell
+
+    a = sweep_run.cell_key(Cell(1, {"r2": 0.5}), {"r2": 0.5, "model": "tiny-random"}, "abc", None)
+    b = sweep_run.cell_key(Cell(1, {"r2": 0.5}), {"r2": 0.5, "model": "tiny-random"}, "abc", "f00d")
+    assert a != b and a["cpu"] and a["isa"]

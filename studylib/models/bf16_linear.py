@@ -120,6 +120,8 @@ def round_activations(x: torch.Tensor) -> torch.Tensor:
     fp32 values."""
     u = x.float().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # the bits, unsigned
     r = torch.where((u & 0x7F800000) == 0, u & 0x80000000, (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000)
+    nan = ((u & 0x7F800000) == 0x7F800000) & ((u & 0x7FFFFF) != 0)
+    r = torch.where(nan, (u & 0xFFFF0000) | 0x400000, r)  # a NaN stays a (quiet) NaN
     return torch.where(r >= 2**31, r - 2**32, r).to(torch.int32).view(torch.float32)
 
 
@@ -146,7 +148,11 @@ def reference(x: torch.Tensor, qt, bias: torch.Tensor | None = None) -> torch.Te
     lead = x.shape[:-1]
     xb = round_activations(x.reshape(-1, k)).reshape(-1, nb, BLOCK)
     wq, d, m = _weights(qt)
-    flushed = torch.set_flush_denormal(True)  # the definition flushes denormals (vdpbf16ps always does)
+    # The definition flushes denormals (vdpbf16ps always does). The flag is per thread, so the reference runs
+    # on this thread alone.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    flushed = torch.set_flush_denormal(True)
     try:
         acc = torch.zeros(xb.shape[0], n, dtype=torch.float32)
         for b in range(nb):  # block order; inside a block the pair order of vdpbf16ps, each add rounded
@@ -165,4 +171,5 @@ def reference(x: torch.Tensor, qt, bias: torch.Tensor | None = None) -> torch.Te
     finally:
         if flushed:
             torch.set_flush_denormal(False)
+        torch.set_num_threads(threads)
     return acc.reshape(*lead, n)

@@ -47,6 +47,11 @@ class IsaFamily:
     def lib(self, name: str | None = None) -> ctypes.CDLL:
         """The compiled library of path ``name`` (default: ``path()``)."""
         name = name or self.path()
+        if name not in self.paths:
+            raise StudylibError(f"no {self.source.stem} path {name!r}; the paths are {', '.join(self.paths)}.")
+        if name not in self.available():  # it would load, then die of an illegal instruction
+            raise StudylibError(f"this CPU cannot run the {name} build of {self.source.stem} (it lacks "
+                                f"{sorted(self.needs[name] - self._cpu_flags())}); use one of {', '.join(self.available())}.")
         if name not in self._libs:
             from studylib.models.cpu_linear import compile_kernel
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +52,13 @@ def quantities(summary: dict[str, Any], sweep_dir: Path) -> dict[str, list[tuple
     varying = list(summary.get("grid", {}))
     out: dict[str, list] = {}
     for c in summary["cells"]:
+        if c["status"] not in ("ok", "up to date"):
+            continue  # a failed rerun keeps the last good files: they are not this sweep's result
         for v in _cell_verdicts(sweep_dir / c["cell"], c["chapter"]):
             if isinstance(v.measured, int | float) and not isinstance(v.measured, bool) and v.ci:
-                # the metric's words without the cell-specific parts (a model name, say)
-                out.setdefault(f"C{v.id[1:]} ch{v.chapter:02d}: {v.metric}", []).append(
+                # the metric's words without what a cell names in parentheses (its engine, say)
+                stem = re.sub(r"\s*\([^()]*\)\s*$", "", v.metric)
+                out.setdefault(f"C{v.id[1:]} ch{v.chapter:02d}: {stem}", []).append(
                     (_label(c.get("overrides", {}), varying), float(v.measured), float(v.ci[0]), float(v.ci[1]),
                      v.threshold))
     return {k: pts for k, pts in out.items() if len(pts) >= 2}
@@ -113,10 +117,12 @@ def write_sweep_page(sweep_dir: Path) -> Path:
     for c in summary["cells"]:
         cell_dir = sweep_dir / c["cell"]
         nn = f"ch{c['chapter']:02d}"
-        link = f"<a href='{esc(c['cell'])}/{nn}.html'>{esc(_label(c.get('overrides', {}), varying))}</a>" \
-            if (cell_dir / f"{nn}.html").exists() else esc(_label(c.get("overrides", {}), varying))
+        ok = c["status"] in ("ok", "up to date")
+        page_name = f"{nn}.html" if ok else f"{nn}.failed.html"
+        link = f"<a href='{esc(c['cell'])}/{page_name}'>{esc(_label(c.get('overrides', {}), varying))}</a>" \
+            if (cell_dir / page_name).exists() else esc(_label(c.get("overrides", {}), varying))
         where = c.get("where") or {}
-        verdicts = [v for v in _cell_verdicts(cell_dir, c["chapter"]) if v.role == "decision"]
+        verdicts = [v for v in _cell_verdicts(cell_dir, c["chapter"]) if v.role == "decision"] if ok else []
         vtext = "<br>".join(f"{esc(v.id)} {badge(v.verdict)} {esc(v.metric)}: {esc(_measure(v))}" for v in verdicts)
         status = c["status"] if c["status"] != "failed" else f"<span class='failed'>failed</span>: {esc(c.get('error') or '')}"
         rows.append(f"<tr><td>{link}</td><td>{nn}</td><td>{status}</td><td>{c.get('attempts', '')}</td>"

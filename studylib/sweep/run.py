@@ -67,12 +67,41 @@ def execute_cell(notebook_name: str, notebook_text: str, chapter: int, params: d
     return {"run": run.to_dict(), "files": files, "where": where_it_ran()}
 
 
-def cell_key(cell: Cell, params: Mapping[str, Any], commit: str) -> dict[str, Any]:
-    """What a cell's results depend on: the commit, its parameters, the model file's sha256."""
-    from studylib.bench.provenance import model_sha256
+def tree_hash() -> str | None:
+    """sha256 of the uncommitted changes (``git diff HEAD`` and untracked files): two dirty trees with
+    different edits are different code. None when clean (or without git)."""
+    import hashlib
+    import subprocess
+
+    from studylib.workbook import paths
+
+    root = paths.repo_root()
+    try:
+        diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=root, capture_output=True, timeout=30).stdout
+        untracked = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "-z"], cwd=root,
+                                   capture_output=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not diff and not untracked:
+        return None
+    h = hashlib.sha256(diff)
+    for name in filter(None, untracked.split(b"\0")):
+        h.update(name)
+        f = root / name.decode(errors="replace")
+        if f.is_file():
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def cell_key(cell: Cell, params: Mapping[str, Any], commit: str, tree: str | None = None) -> dict[str, Any]:
+    """What a cell's results depend on: the code (commit, plus the uncommitted changes' hash), its
+    parameters, the model file's sha256, and the machine (CPU and ISA: a timing from another machine is
+    not this machine's)."""
+    from studylib.bench.provenance import cpu_isa, cpu_model, model_sha256
     from studylib.workbook.chapter import to_jsonable
 
-    return {"commit": commit, "params": to_jsonable(dict(params)), "model_sha256": model_sha256(params.get("model"))}
+    return {"commit": commit, "uncommitted": tree, "params": to_jsonable(dict(params)),
+            "model_sha256": model_sha256(params.get("model")), "cpu": cpu_model(), "isa": cpu_isa().get("label")}
 
 
 def _plan(spec: SweepSpec, notebooks_dir: Path | None, params_dir: Path | None):
@@ -138,6 +167,13 @@ def _resumable(dest: Path, chapter: int, key: dict) -> bool:
     return rec.get("status") == OK and rec.get("key") == key and all(p.exists() for p in outs)
 
 
+def _unschedulable(ray, res: Mapping[str, float]) -> dict[str, float]:
+    """The part of a cell's request no node of the cluster could ever satisfy (Ray would wait forever)."""
+    have = ray.cluster_resources()
+    names = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}
+    return {k: v for k, v in res.items() if v > have.get(names[k], 0.0) + 1e-9}
+
+
 def init_ray(address: str | None, num_cpus: int | None = None):
     import ray
 
@@ -167,7 +203,8 @@ def run_sweep(spec: SweepSpec, address: str | None = None, resume: bool = False,
     out = out_dir or spec.out_dir()
     out.mkdir(parents=True, exist_ok=True)
     commit, dirty = git_state()
-    keys = {c.name: cell_key(c, full[c.name], commit) for c in cells}
+    tree = tree_hash() if dirty else None
+    keys = {c.name: cell_key(c, full[c.name], commit, tree) for c in cells}
     records: dict[str, dict] = {}
     todo = []
     for c in cells:
@@ -185,6 +222,11 @@ def run_sweep(spec: SweepSpec, address: str | None = None, resume: bool = False,
             res = {k: float(v) for k, v in spec.resources.items() if k in ("num_cpus", "num_gpus")}
             if spec.resources.get("memory_gb"):
                 res["memory"] = float(spec.resources["memory_gb"]) * 2**30
+            unschedulable = _unschedulable(ray, res)
+            if unschedulable:
+                raise StudylibError(f"each cell asks for {unschedulable}, more than this Ray cluster has "
+                                    f"({ {k: v for k, v in ray.cluster_resources().items() if k in ('CPU', 'GPU', 'memory')} }); "
+                                    "lower resources in the spec or use a bigger cluster (--address).")
             task = ray.remote(execute_cell).options(max_retries=0, **res)
             texts = {ch: nb.read_text(encoding="utf-8") for ch, nb in notebooks.items()}
             attempts = {c.name: 0 for c in todo}
@@ -196,8 +238,10 @@ def run_sweep(spec: SweepSpec, address: str | None = None, resume: bool = False,
                                   dirty)
                 pending[ref] = c
 
-            for c in todo:
-                submit(c)
+            queue = list(todo)
+            limit = spec.concurrency or len(todo)
+            while queue and len(pending) < limit:
+                submit(queue.pop(0))
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)
                 c = pending.pop(done[0])
@@ -211,9 +255,11 @@ def run_sweep(spec: SweepSpec, address: str | None = None, resume: bool = False,
                     bar.write(f"{c.name}: failed (attempt {attempts[c.name]}), retrying: {error}")
                     submit(c)
                     continue
+                running_beside = len(pending)
                 record = {"cell": c.name, "chapter": c.chapter, "overrides": c.params, "status": FAILED if error else OK,
                           "attempts": attempts[c.name], "error": error, "seconds": result["run"].get("seconds"),
-                          "where": result.get("where"), "key": keys[c.name],
+                          "where": result.get("where"), "key": keys[c.name], "concurrency": spec.concurrency,
+                          "cells_in_flight_at_finish": running_beside + 1,
                           "finished": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
                 # A failed attempt writes only its record and failure page: the last good results stay.
                 _write_cell(out / c.name, result, record)
@@ -224,6 +270,8 @@ def run_sweep(spec: SweepSpec, address: str | None = None, resume: bool = False,
                 bar.write(f"{c.name}: {record['status']}" + (f" ({record['seconds']:.0f} s)" if record["seconds"] else "")
                           + (f": {error}" if error else ""))
                 bar.update(1)
+                while queue and len(pending) < limit:
+                    submit(queue.pop(0))
         finally:
             ray.shutdown()
     bar.close()

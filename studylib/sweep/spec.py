@@ -28,7 +28,8 @@ from typing import Any
 
 from studylib.errors import StudylibError
 
-KEYS = {"name", "profile", "chapters", "grid", "cells", "params", "resources", "retries", "out", "description"}
+KEYS = {"name", "profile", "chapters", "grid", "cells", "params", "resources", "retries", "out", "description",
+        "concurrency"}
 RESOURCES = {"num_cpus", "num_gpus", "memory_gb"}
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
@@ -57,6 +58,9 @@ class SweepSpec:
     out: str | None = None
     description: str = ""
     path: str | None = None
+    # Cells running at once (None: as many as the resources allow). A sweep that measures speed on one
+    # machine wants 1: cells side by side share its memory bandwidth and caches, which Ray does not split.
+    concurrency: int | None = None
 
     def expand(self) -> list[Cell]:
         """Every cell: each chapter with each grid combination, then each explicit cell (duplicates once)."""
@@ -67,14 +71,24 @@ class SweepSpec:
         combos += [dict(c) for c in self.cells]
         if not combos:
             combos = [{}]
+        import hashlib
+        import json
+
         out, seen = [], set()
         for ch in self.chapters:
             for c in combos:
+                params = {**self.params, **c}
+                key = (ch, json.dumps(params, sort_keys=True, default=str))
+                if key in seen:  # the same chapter with the same parameters: one cell
+                    continue
+                seen.add(key)
                 # named by what varies (the shared params would only repeat in every name)
-                cell = Cell(ch, {**self.params, **c}, cell_name(ch, c))
-                if cell.name not in seen:
-                    seen.add(cell.name)
-                    out.append(cell)
+                out.append(Cell(ch, params, cell_name(ch, c)))
+        # Shortened values can make two different cells' names equal: those get their parameters' hash.
+        names = [c.name for c in out]
+        for c in out:
+            if names.count(c.name) > 1:
+                c.name = f"{c.name}-{hashlib.sha256(json.dumps(c.params, sort_keys=True, default=str).encode()).hexdigest()[:8]}"
         return out
 
     def out_dir(self, root: Path | None = None) -> Path:
@@ -124,6 +138,8 @@ def problems(raw: Any, where: str = "the spec") -> list[str]:
     grid = raw.get("grid", {})
     if not isinstance(grid, dict):
         out.append(f"{where}: grid must map parameter names to lists of values")
+    elif any(not isinstance(k, str) for k in grid):
+        out.append(f"{where}: grid keys must be parameter names (text), got {sorted(map(repr, grid))}")
     else:
         for k, v in grid.items():
             if not isinstance(v, list) or not v:
@@ -131,6 +147,11 @@ def problems(raw: Any, where: str = "the spec") -> list[str]:
     cells = raw.get("cells", [])
     if not isinstance(cells, list) or not all(isinstance(c, dict) for c in cells):
         out.append(f"{where}: cells must be a list of mappings of parameter overrides")
+    elif any(not isinstance(k, str) for c in cells for k in c):
+        out.append(f"{where}: cells' keys must be parameter names (text)")
+    conc = raw.get("concurrency")
+    if conc is not None and (not isinstance(conc, int) or isinstance(conc, bool) or conc < 1):
+        out.append(f"{where}: concurrency must be an integer >= 1 (cells at once), got {conc!r}")
     if not isinstance(raw.get("params", {}), dict):
         out.append(f"{where}: params must map parameter names to values")
     res = raw.get("resources", {})
@@ -169,4 +190,4 @@ def load_spec(path: str | Path) -> SweepSpec:
     return SweepSpec(name=raw["name"], profile=raw["profile"], chapters=list(raw["chapters"]),
                      grid=dict(raw.get("grid", {})), cells=list(raw.get("cells", [])), params=dict(raw.get("params", {})),
                      resources=res, retries=int(raw.get("retries", 0)), out=raw.get("out"),
-                     description=str(raw.get("description", "")), path=str(p))
+                     description=str(raw.get("description", "")), path=str(p), concurrency=raw.get("concurrency"))

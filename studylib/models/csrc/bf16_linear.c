@@ -9,7 +9,8 @@
  * The arithmetic, per output y[r, n], is one fixed sequence on every path (the canonical definition;
  * the pure-PyTorch reference bf16_linear.reference computes exactly it). All float steps run with
  * denormals flushed (inputs and results), as vdpbf16ps always does; the other paths set MXCSR so.
- *   x rounding:   xb = x rounded to bf16 to nearest, ties to even; a denormal x becomes a signed zero
+ *   x rounding:   xb = x rounded to bf16 to nearest, ties to even; a denormal x becomes a signed zero; a
+ *                 NaN stays a quiet NaN
  *   per block b of 32 (in block order), with w the block's integer weights as above:
  *       s = 0; for p = 0..15: s = s + xb[2p+1] * w[2p+1]; s = s + xb[2p] * w[2p]
  *           (each product is exact in fp32 (8 x 8 significant bits), each add rounds: this is
@@ -86,6 +87,7 @@ static inline uint16_t float_to_bf(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     if ((u & 0x7f800000u) == 0) return (uint16_t)((u >> 16) & 0x8000u); /* denormal or zero: signed zero */
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu)) return (uint16_t)((u >> 16) | 0x40u); /* NaN: quiet */
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
@@ -156,6 +158,10 @@ static void round_row(const float *x, ptrdiff_t ldx, int m, int K, const xr_t *o
             __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
                                                              _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
             r = _mm512_mask_mov_epi32(r, den, _mm512_and_si512(u, _mm512_set1_epi32((int)0x80000000u)));
+            const __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, expm), expm) &
+                                  _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x7fffff));
+            r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)),
+                                                               _mm512_set1_epi32(0x400000)));
             r = _mm512_srli_epi32(r, 16);
             _mm256_storeu_si256((__m256i *)(xb + b * QK + 16 * h), _mm512_cvtepi32_epi16(r));
             const __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(r, 16));
