@@ -127,3 +127,22 @@ def test_chapter_2_reads_the_shipped_head_and_its_manifest(tmp_path, monkeypatch
     assert table.answer_tokens.sum() == man["answer_tokens"] and abs(table.share.sum() - 1) < 1e-9
     text = ex.head_summary(meta)
     assert meta["sha256"][:12] in text and "shipped with the study" in text and "EAGLE-3" in text
+
+
+def test_validation_is_by_document_and_a_finished_run_stays_finished(tmp_path, tiny_corpus):
+    """An article's four tasks land on one side of the split; the curve's last point is the exported
+    weights' own; a rerun of a run the curve stopped returns that head instead of training on."""
+    assert dc.document_of("xsum-123#t0", "xsum") == dc.document_of("xsum-123#t3", "xsum") == "xsum-123"
+    assert ht.heldout("xsum-123") in (True, False)
+    feat, tok, man = tiny_corpus
+    kw = dict(kind="eagle1", corpus=man["path"], context=16, batch_tokens=256, warmup=2, max_steps=7, decay_steps=7,
+              eval_every=3, eval_answers=8, head_vocab=64, precision="fp32")
+    res = ht.train(ht.HeadTrainConfig(**kw), tmp_path / "w", loaded=(feat, tok), progress=False)
+    assert [c["step"] for c in res["curve"]] == [0, 3, 6, 7] and res["final"]["step"] == 7
+    flat = dict(kw, max_steps=50, decay_steps=50, patience=1, min_delta=1.0)  # any evaluation counts as flat
+    first = ht.train(ht.HeadTrainConfig(**flat), tmp_path / "f", loaded=(feat, tok), progress=False)
+    assert first["stop"] == "curve flat" and first["step"] == 3
+    again = ht.train(ht.HeadTrainConfig(**flat), tmp_path / "f", loaded=(feat, tok), progress=False)
+    assert again["step"] == first["step"] and again["stop"] == "curve flat"
+    for k, v in first["head"].state_dict().items():
+        assert torch.equal(v, again["head"].state_dict()[k])

@@ -251,6 +251,8 @@ def corpus_dir(cfg: CorpusConfig, target_name: str) -> Path:
 
 
 def _write_shard(dest: Path, index: dict, feats: np.ndarray) -> None:
+    if not np.isfinite(feats).all():  # a residual stream past float16's range would train on inf
+        raise StudylibError(f"{dest.name}: a feature overflowed float16; store this corpus in float32.")
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -364,12 +366,35 @@ def build(cfg: CorpusConfig, models: tuple | None = None, progress: bool = True)
 
 
 def corpus_hash(base: Path) -> str:
-    """sha256 over the shards' indexes (token ids and layout; the features follow from them and the
-    target), in shard order: the data hash a head's manifest records."""
+    """sha256 over the shards' token ids and layout (prompts, answers, layers, rows; not the timings), in
+    shard order: the data hash a head's manifest records. The features follow from these and the target.
+    The sampled answers depend on how the engine batched them (``max_running``, the KV budget), so a
+    rebuild under other settings is another corpus with another hash."""
     h = hashlib.sha256()
     for s in shard_dirs(base):
-        h.update((s / "index.json").read_bytes())
+        idx = json.loads((s / "index.json").read_text())
+        h.update(json.dumps({k: idx.get(k) for k in ("shard", "layers", "prompts", "answers", "rows")},
+                            sort_keys=True).encode())
     return h.hexdigest()
+
+
+_NQA_STORY: dict[str, str] = {}
+
+
+def document_of(prompt_id: str, source: str) -> str:
+    """The document a pool prompt comes from, so that held-out splits keep every prompt on one document
+    together: an XSum article (all its tasks), a NarrativeQA story (its tasks and every question on it),
+    a HumanEval problem, or the user turn itself."""
+    if source in ("xsum", "story"):
+        return prompt_id.split("#")[0]
+    if source == "nqa":
+        if not _NQA_STORY:
+            from studylib.data import load_dataset
+
+            for r in load_dataset("narrativeqa", split="draft"):
+                _NQA_STORY[r.id] = "story-" + hashlib.sha256(r.meta["document"].encode()).hexdigest()[:10]
+        return _NQA_STORY.get(prompt_id, prompt_id)
+    return prompt_id
 
 
 def _per_shard(text: str) -> dict:

@@ -383,8 +383,9 @@ class EagleDraft:
 
         c = target.config
         rows = c.vocab_size if self.head_ids is None else len(self.head_ids)
+        fuse = 3 * c.hidden_size * c.hidden_size if self.head.kind == "eagle3" else 0  # per committed row
         return (layer_cost(target, 1) - c.vocab_size * c.hidden_size + rows * c.hidden_size
-                + 2 * c.hidden_size * c.hidden_size) / layer_cost(target)
+                + 2 * c.hidden_size * c.hidden_size + fuse) / layer_cost(target)
 
     def describe(self) -> str:
         return f"{self.name}@{self.tree.label()}"

@@ -83,15 +83,17 @@ class HeadTrainConfig:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def heldout(prompt_id: str) -> bool:
-    return zlib.crc32(prompt_id.encode()) % HELDOUT_MOD == 0
+def heldout(document: str) -> bool:
+    """Whether a document's prompts are validation only (by document: an article's four tasks, a story's
+    tasks and questions, stay on one side)."""
+    return zlib.crc32(document.encode()) % HELDOUT_MOD == 0
 
 
 class Corpus:
     """The corpus's answers as training windows, features read memory-mapped."""
 
     def __init__(self, base: str | Path, context: int):
-        from studylib.decoding.draft_corpus import shard_dirs
+        from studylib.decoding.draft_corpus import document_of, shard_dirs
 
         self.base, self.context = Path(base), context
         self.feats: list[np.ndarray] = []
@@ -102,7 +104,8 @@ class Corpus:
             for a in idx["answers"]:
                 p = idx["prompts"][a["prompt"]]
                 if a["ids"]:
-                    self.items.append((si, p["ids"], p["row"], a["ids"], a["row"], heldout(p["id"]), p["source"]))
+                    held = heldout(document_of(p["id"], p["source"]))
+                    self.items.append((si, p["ids"], p["row"], a["ids"], a["row"], held, p["source"]))
         if not self.items:
             raise StudylibError(f"no answers in {self.base}; build it with `studylib draft-corpus`.")
         self.train = [i for i, it in enumerate(self.items) if not it[5]]
@@ -208,8 +211,9 @@ def losses(head, embed, w_head, head_ids, w_full, batch: dict, steps: int, cls_w
     t1 = feats.shape[1] - 1
     f_next = feats[:, 1:, 3]  # the target's final-norm feature at j + 1: its distribution of x_(j+2)
     j = torch.arange(t1, device=feats.device)[None]
-    # rows that predict an answer token (x_(j+2) in the answer)
-    m = (valid[:, 1:] & valid[:, :-1] & (j + 2 >= batch["start"][:, None])).float()
+    # rows that predict an answer token: x_(j+2) is in the answer (so it exists)
+    after = torch.cat([valid[:, 2:], torch.zeros_like(valid[:, :1])], dim=1)
+    m = (valid[:, 1:] & valid[:, :-1] & after & (j + 2 >= batch["start"][:, None])).float()
     with torch.no_grad():
         p_t = torch.softmax(f_next @ w_head.T, -1)
         ref = (f_next @ w_full.T).argmax(-1) if full_top1 else \
@@ -233,6 +237,7 @@ def losses(head, embed, w_head, head_ids, w_full, batch: dict, steps: int, cls_w
             got = got if head_ids is None else head_ids[got]
             stats[f"top1_{s + 1}"] = float(((got == ref).float() * ms).sum() / denom)
             stats[f"cls_{s + 1}"] = float(cls.detach())
+            stats[f"n_{s + 1}"] = float(ms.sum())
     return total, stats
 
 
@@ -259,18 +264,20 @@ def evaluate(head, corpus: Corpus, embed, w_head, head_ids, w_full, cfg: HeadTra
     full vocabulary, token-weighted, on the first ``eval_answers`` held-out answers."""
     items = corpus.val[: cfg.eval_answers]
     tot: dict[str, float] = {}
-    weight = 0.0
+    weight: dict[str, float] = {}
     head.eval()
     with torch.no_grad(), _autocast(cfg.precision, device):
         for k in range(0, len(items), 8):
             b = corpus.batch(items[k: k + 8], device)
             _, st = losses(head, embed, w_head, head_ids, w_full, b, 2, cfg.cls_weight, 0.0, full_top1=True)
-            n = float(b["valid"].sum())
-            weight += n
             for key, v in st.items():
+                if key.startswith("n_"):
+                    continue
+                n = st["n_" + key.rsplit("_", 1)[1]]  # the rows this step scored
                 tot[key] = tot.get(key, 0.0) + v * n
+                weight[key] = weight.get(key, 0.0) + n
     head.train()
-    return {k: v / max(weight, 1.0) for k, v in tot.items()}
+    return {k: v / max(weight[k], 1.0) for k, v in tot.items()}
 
 
 def _autocast(precision: str, device):
@@ -315,8 +322,12 @@ def train(cfg: HeadTrainConfig, work: str | Path, loaded: tuple | None = None, p
     w_full = target.lm_head.weight.detach()
     precision = train_precision(cfg.precision, device)
     ckpt_path = work / "ckpt.pt"
+    from studylib.decoding.draft_corpus import corpus_hash
+
+    # The checkpoint belongs to these settings on this corpus (one extended in place is another corpus).
+    key = cfg.key() + corpus_hash(Path(cfg.corpus))[:12]
     ckpt = torch.load(ckpt_path, weights_only=True) if ckpt_path.exists() else None
-    if ckpt is not None and ckpt.get("key") != cfg.key():
+    if ckpt is not None and ckpt.get("key") != key:
         ckpt = None
     vocab = ckpt["vocab"] if ckpt is not None else \
         head_vocabulary(corpus, w_full, cfg.head_vocab, list(target.config.eos_token_ids))
@@ -325,26 +336,28 @@ def train(cfg: HeadTrainConfig, work: str | Path, loaded: tuple | None = None, p
     torch.manual_seed(cfg.seed)
     head = EagleHead(target.config, cfg.kind).to(device)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
-    step, curve, history, seconds = 0, [], [], 0.0
+    step, curve, history, seconds, finished = 0, [], [], 0.0, None
     if ckpt is not None:
         head.load_state_dict(ckpt["head"])
         opt.load_state_dict(ckpt["optim"])
         step, curve, history, seconds = ckpt["step"], ckpt["curve"], ckpt["history"], ckpt["seconds"]
+        finished = ckpt.get("stop")
 
     def save() -> None:
         tmp = ckpt_path.with_suffix(".tmp")
-        torch.save({"key": cfg.key(), "vocab": vocab, "head": head.state_dict(), "optim": opt.state_dict(),
-                    "step": step, "curve": curve, "history": history,
+        torch.save({"key": key, "vocab": vocab, "head": head.state_dict(), "optim": opt.state_dict(),
+                    "step": step, "curve": curve, "history": history, "stop": stop,
                     "seconds": seconds + time.monotonic() - t_run}, tmp)
         tmp.replace(ckpt_path)
 
     steps = 1 if cfg.kind == "eagle1" else cfg.ttt_steps
     end = math.inf if cfg.max_minutes is None else t0 + cfg.max_minutes * 60
     t_run = time.monotonic()
-    stop = None
+    # A run the curve already stopped stays stopped: a rerun returns the same head, not more training.
+    stop = finished if finished == "curve flat" else None
     head.train()
     with progress_bar(total=cfg.max_steps, initial=step, desc=f"{cfg.kind} head", progress=progress) as bar:
-        while True:
+        while stop is None:
             if step % cfg.eval_every == 0 and (not curve or curve[-1]["step"] != step):
                 curve.append({"step": step, "tokens": step * cfg.batch_tokens,
                               **evaluate(head, corpus, embed, w_head, head_ids, w_full, cfg, device)})
@@ -373,6 +386,9 @@ def train(cfg: HeadTrainConfig, work: str | Path, loaded: tuple | None = None, p
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}", top1=f"{st['top1_1']:.2f}",
                             val=f"{curve[-1]['top1_1']:.3f}" if curve else "-")
             bar.update()
+    if curve[-1]["step"] != step:  # the exported weights' own held-out figures, not an earlier step's
+        curve.append({"step": step, "tokens": step * cfg.batch_tokens,
+                      **evaluate(head, corpus, embed, w_head, head_ids, w_full, cfg, device)})
     save()
     head.eval()
     best = max(curve, key=lambda c: c["top1_1"])

@@ -66,11 +66,11 @@ class Prompt:
 def load_prompts(tokenizer, n_chat: int, n_xsum: int, n_code: int, seed: int = 0,
                  max_chars: int = 1500, categories: Sequence[str] = ()) -> list[Prompt]:
     """``n_chat`` HELD-OUT chat prompts per category in ``categories`` (all when empty; no draft trained
-    on them), ``n_xsum`` XSum articles from the quarter the EAGLE head never trains on
-    (``draft_data.xsum_heldout``) and ``n_code`` HumanEval problems (never trained on)."""
+    on them, and none chose the shipped head), ``n_xsum`` XSum articles and ``n_code`` HumanEval problems
+    from the evaluation split (``data.in_draft_pool``: no draft ever trains on them)."""
     from studylib.data import CATEGORIES, _subsample, load_dataset, load_workload
     from studylib.data import load_prompts as chat_set
-    from studylib.decoding.draft_data import is_heldout, xsum_heldout
+    from studylib.decoding.draft_data import is_heldout
     from studylib.prompts import encode
 
     out = []
@@ -78,8 +78,8 @@ def load_prompts(tokenizer, n_chat: int, n_xsum: int, n_code: int, seed: int = 0
         for rec in [r for r in chat_set(cat) if is_heldout(r.id)][:n_chat]:
             out.append(Prompt(rec.id, "chat", cat, encode(tokenizer, rec)))
     if n_xsum > 0:
-        pool = [r for r in load_dataset("xsum", max_chars=max_chars) if xsum_heldout(r.id)]
-        for rec in _subsample(pool, n_xsum, seed, "xsum (the held-out quarter)"):
+        pool = load_dataset("xsum", max_chars=max_chars)
+        for rec in _subsample(pool, n_xsum, seed, "xsum (the evaluation split)"):
             out.append(Prompt(rec.id, "xsum", "xsum", encode(tokenizer, rec)))
     if n_code > 0:
         for rec in load_workload("humaneval", n_code, seed, max_chars=max_chars):
@@ -145,7 +145,9 @@ class Runner:
 
         key = "eagle-head:" + spec
         if key not in self.drafters:
-            where = spec if self.eagle_path is None else self.eagle_path + spec[len("eagle"):]
+            # eagle_path stands for the chapter's head ("eagle"); a recipe's head (eagle1, eagle3) resolves by name
+            name = spec.partition(":")[0]
+            where = self.eagle_path + spec[len("eagle"):] if self.eagle_path is not None and name == "eagle" else spec
             self.drafters[key] = resolve_eagle(where, self.model)
         return self.drafters[key]
 

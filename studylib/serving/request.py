@@ -33,7 +33,9 @@ class Request:
     arrival_s: float = 0.0  # seconds after the benchmark's start; latencies are measured from here
     eos_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False  # vLLM's benchmark option: always produce max_new_tokens tokens
-    sampling: SamplingParams | None = None  # this request's own sampling (None: the engine's), as in vLLM
+    # This request's own sampling (None: the engine's), as vLLM's requests carry theirs. Requests with equal
+    # settings share one generator, so a sampled request's draws depend on its batch-mates.
+    sampling: SamplingParams | None = None
 
     status: RequestStatus = RequestStatus.WAITING
     output_ids: list[int] = field(default_factory=list)
