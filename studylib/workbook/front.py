@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import html
 import json
-import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -217,7 +216,7 @@ def claims_figure(verdicts: Sequence[Verdict], path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import seaborn as sns
-    from matplotlib.ticker import FuncFormatter, LogLocator
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     sns.set_theme(style="whitegrid", context="notebook")
     colours = {HOLDS: "#1a7f37", CONDITIONAL: "#9a6700", INCONCLUSIVE: "#6e6e9e", FAILS: "#c33"}
@@ -225,21 +224,34 @@ def claims_figure(verdicts: Sequence[Verdict], path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(9, 0.42 * len(rows) + 1.4))
     for i, (v, (m, lo, hi)) in enumerate(rows):
         ax.errorbar(m, i, xerr=[[m - lo], [hi - m]], fmt="o", color=colours.get(v.verdict, "#555"), capsize=3)
-    labels = [textwrap.shorten(f"{v.id} ch{v.chapter}: {v.metric}", 70, placeholder=" (…)") for v, _ in rows]
+    # Shortened from the middle: a row's distinguishing words (the format, the method) sit at its end.
+    labels = [shorten_middle(f"{v.id} ch{v.chapter}: {v.metric}", 78) for v, _ in rows]
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.invert_yaxis()
     ax.axvline(1.0, color="#222", lw=1)
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}x"))
+    ax.xaxis.set_minor_formatter(NullFormatter())  # minor ticks unlabelled: their labels collided
     ax.set_xlabel("measured ÷ the claim's bar (right of the line: bar met; whiskers: 95% CI)")
-    handles = [plt.Line2D([], [], marker="o", ls="", color=c, label=k) for k, c in colours.items()]
+    shown = {v.verdict for v, _ in rows}
+    handles = [plt.Line2D([], [], marker="o", ls="", color=c, label=k) for k, c in colours.items() if k in shown]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.9 / (0.42 * len(rows) + 1.4)),
               ncol=4, frameon=False, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def shorten_middle(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters by dropping words from its middle, keeping both ends."""
+    if len(text) <= width:
+        return text
+    keep = (width - 3) // 2
+    head = text[:keep].rsplit(" ", 1)[0] if " " in text[:keep] else text[:keep]
+    tail = text[-keep:].split(" ", 1)[-1] if " " in text[-keep:] else text[-keep:]
+    return f"{head} … {tail}"
 
 
 def chapters_table(out: Path, index: Mapping[str, Any], chapters: Sequence[tuple[int, str]],
