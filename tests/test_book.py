@@ -113,7 +113,8 @@ def test_front_page_written_from_verdicts(tmp_path, monkeypatch):
     monkeypatch.setattr(decisions, "apply_registration", lambda data, path=None: data)
     out = _study(tmp_path)
     page = (out / "index.html").read_text(encoding="utf-8")
-    order = ["What the source document says", "What was run", "The bottom line", "The claims, one line each",
+    # the verdicts first (a reader's first screen), then the setting
+    order = ["The verdicts", "What the source document says", "What was run",
              "Claimed against measured", "The chapters", "Search the chapters", "Rerun it", "Every verdict"]
     at = [page.index(h if h == "Every verdict" else f"<h2>{h}") for h in order]
     assert at == sorted(at)
@@ -122,6 +123,7 @@ def test_front_page_written_from_verdicts(tmp_path, monkeypatch):
     assert page.index("latency reduction: 3") < page.index("quality retained: 0.9996")
     assert "1.2 min" in page and "12 s" in page
     assert (out / "claims_vs_measured.png").exists() and "src='claims_vs_measured.png'" in page
+    assert "the essay's own number where it gives one" in page and "bar this study chose" in page
     assert '"radix' not in page and "The word radix appears here." in page  # the search index, escaped JSON
 
 
