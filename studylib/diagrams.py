@@ -9,7 +9,11 @@
 - ``block_table``: sequences' logical KV blocks mapped onto a shared physical pool, prefix blocks shared
   (chapter 5);
 - ``attention_masks``: which keys each query sees under dense, window, sinks and block-sparse patterns,
-  computed by ``studylib.attention.patterns`` itself (chapter 6).
+  computed by ``studylib.attention.patterns`` itself (chapter 6);
+- ``eagle_tree``: EAGLE's dynamic token tree, its nodes chosen by ``eagle.select_nodes`` itself (chapter 2);
+- ``lookahead_step``: the Jacobi window, the n-gram pool and the verification branch (chapter 3);
+- ``stack_layers``: which cost each technique of the stack acts on (chapter 7);
+- ``q4_block_int8_dot``: a Q4_1 block and the int8 dot product, with the library's own rounding (chapter 8).
 
 Each function takes the sizes a chapter ran with (its parameters) and returns a matplotlib Figure;
 ``MECHANISMS`` maps a chapter to its picture, and ``show_mechanism(N, params)`` draws it in a notebook.
@@ -27,9 +31,9 @@ SHARED = "#c8e6c9"
 OWNERS = ("#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")  # no green
 
 
-def _note(fig, text: str, width: int = 120) -> None:
+def _note(fig, text: str, width: int = 105) -> None:
     """A caption along the figure's top, wrapped so it never runs off the picture."""
-    fig.suptitle(textwrap.fill(text, width), fontsize=8.5, x=0.02, ha="left")
+    fig.suptitle(textwrap.fill(text, width), fontsize=10, x=0.02, ha="left")
 
 
 def _plt():
@@ -50,7 +54,7 @@ def _in_kernel() -> bool:
     return get_ipython() is not None
 
 
-def _box(ax, x, y, w, h, text="", color="#ddd", edge="#555", fontsize=8, hatch=None, text_color="#111"):
+def _box(ax, x, y, w, h, text="", color="#ddd", edge="#555", fontsize=9, hatch=None, text_color="#111"):
     from matplotlib.patches import Rectangle
 
     ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor=edge, lw=0.8, hatch=hatch))
@@ -118,6 +122,170 @@ def draft_verify(gamma: int = 4, accepted: int = 2):
     ax.set_xlim(-1.6, gamma + 1.1)
     ax.set_ylim(0, 2.75)
     _clean(ax)
+    fig.tight_layout()
+    return fig
+
+
+def eagle_tree(depth: int = 3, topk: int = 2, nodes: int = 6, seed: int = 3):
+    """EAGLE's dynamic tree (EAGLE-2): the head reads the target's feature of the last token, proposes the
+    top-k next tokens, expands the most likely frontier at each depth, and the ``nodes`` likeliest nodes
+    (``eagle.select_nodes``, the library's own rule) go to ONE target forward under a tree mask; the
+    longest path the target agrees with is committed."""
+    import math
+    import random
+
+    from studylib.decoding.eagle import select_nodes
+
+    rng = random.Random(seed)
+    tokens, parents, depths, scores = [], [], [], []
+    frontier = [-1]
+    for d in range(1, depth + 1):
+        beam = sorted(frontier, key=lambda i: -scores[i] if i >= 0 else 0)[:topk]
+        frontier = []
+        for parent in beam:
+            probs = sorted((rng.random() for _ in range(topk)), reverse=True)
+            total = sum(probs) * 1.3
+            for p in probs:
+                frontier.append(len(tokens))
+                tokens.append(len(tokens))
+                parents.append(parent)
+                depths.append(d)
+                scores.append((scores[parent] if parent >= 0 else 0.0) + math.log(p / total))
+    kept = select_nodes(tokens, parents, depths, scores, nodes)
+    kept_ids = set(kept.tokens)
+    path = [kept.tokens[0]]
+    while True:  # the drawn accepted path: the likeliest child at each depth, while it was kept
+        kids = [t for t, par in zip(kept.tokens, kept.parents, strict=True) if par >= 0 and kept.tokens[par] == path[-1]]
+        if not kids or len(path) >= depth - 1:
+            break
+        path.append(kids[0])
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    pos = {}
+    per_depth: dict[int, list[int]] = {}
+    for i, d in enumerate(depths):
+        per_depth.setdefault(d, []).append(i)
+    for d, ids in per_depth.items():
+        for r, i in enumerate(ids):
+            pos[i] = (1.6 * d, (len(ids) - 1) / 2 - r)
+    ax.add_patch(__import__("matplotlib.patches", fromlist=["FancyBboxPatch"]).FancyBboxPatch(
+        (-0.55, -0.35), 1.1, 0.7, boxstyle="round,pad=0.02", facecolor=TARGET, edgecolor="#555"))
+    ax.text(0, 0, "last token\n+ its feature", ha="center", va="center", fontsize=8, color="white")
+    for i in range(len(tokens)):
+        x, y = pos[i]
+        px, py = (0, 0) if parents[i] < 0 else pos[parents[i]]
+        ax.plot([px + 0.5, x - 0.5], [py, y], color="#999", lw=0.8, zorder=0)
+        color = ACCEPT if i in path else (DRAFT if i in kept_ids else "#f3f3f3")
+        p = math.exp(scores[i])
+        _box(ax, x - 0.5, y - 0.25, 1.0, 0.5, f"p={p:.2f}" if p >= 0.01 else "p<0.01", color,
+             text_color="white" if i in path else ("#111" if i in kept_ids else "#999"), fontsize=8)
+    ax.text(1.6, max(y for _, y in pos.values()) + 0.7, f"the head drafts {depth} levels, top-{topk} at each", fontsize=8,
+            ha="left")
+    _note(fig, f"Grey: the {nodes} likeliest nodes (probability of the whole path), verified together in ONE target "
+               "forward, each seeing only its ancestors (tree attention mask). Green: the path the target agreed "
+               "with, committed with the target's own next token. Pale: drafted but not verified.")
+    ax.set_xlim(-0.8, 1.6 * depth + 0.8)
+    ax.set_ylim(min(y for _, y in pos.values()) - 0.6, max(y for _, y in pos.values()) + 1.0)
+    _clean(ax)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------------------------------ chapter 3
+
+def lookahead_step(window: int = 4, ngram: int = 3, guesses: int = 2):
+    """One lookahead step: a window of Jacobi guesses is refined in the same forward that verifies
+    n-grams from the pool (those starting with the last token); the pool collects the n-grams the window
+    produces, and the verified branch's agreeing prefix is committed."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    ax.text(-0.2, 2.35, "lookahead branch\n(Jacobi window)", ha="right", va="center", fontsize=8)
+    for r in range(ngram - 1):
+        for c in range(window):
+            _box(ax, c * 0.9, 2.0 - r * 0.55, 0.8, 0.45, f"g{r + 1},{c + 1}", DRAFT, fontsize=7)
+    ax.annotate("", xy=(window * 0.9 + 0.5, 1.4), xytext=(window * 0.9 + 0.05, 1.9),
+                arrowprops={"arrowstyle": "->", "color": "#555"})
+    _box(ax, window * 0.9 + 0.5, 0.95, 2.2, 0.5, f"n-gram pool: {ngram}-grams\nseen in the window", SHARED, fontsize=7)
+    ax.text(-0.2, 0.45, "verification branch\n(pool n-grams)", ha="right", va="center", fontsize=8)
+    for gi in range(guesses):
+        for c in range(ngram - 1):
+            col = ACCEPT if gi == 0 and c == 0 else (REJECT if gi == 0 and c == 1 else "#f3f3f3")
+            _box(ax, 0.9 * c + gi * 0.9 * ngram, 0.2, 0.8, 0.45, f"n{gi + 1}.{c + 1}", col,
+                 text_color="white" if col in (ACCEPT, REJECT) else "#555", fontsize=7)
+    _box(ax, -0.1, -0.55, window * 0.9 + 3.0, 0.4, "the target: ONE forward over the window and every branch "
+         "(attention mask: each row sees its own branch)", TARGET, text_color="white", fontsize=7)
+    _note(fig, "Lossless: only a pool n-gram the target agrees with, token by token, is committed (green), then the "
+               "target's own next token; the window's guesses only feed the pool.")
+    ax.set_xlim(-2.2, window * 0.9 + 3.2)
+    ax.set_ylim(-0.7, 2.7)
+    _clean(ax)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------------------------------ chapter 7
+
+def stack_layers(parts: Sequence[str] = ("prefix cache (radix)", "continuous batching", "speculative / lookahead",
+                                         "4-bit weights, int8 activations", "sparse attention")):
+    """How the techniques compose in one serving stack: each acts on a different cost of a request, so
+    their gains multiply only when their costs do not overlap."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 2.8))
+    acts = {"prefix cache (radix)": "skips the shared prompt's prefill (TTFT)",
+            "continuous batching": "fills each step with many requests (throughput)",
+            "speculative / lookahead": "commits several tokens per target step (TPOT)",
+            "4-bit weights, int8 activations": "makes every step read and compute less",
+            "sparse attention": "reads less of a long KV cache per step"}
+    for i, name in enumerate(parts):
+        y = len(parts) - 1 - i
+        _box(ax, 0, y * 0.5, 3.2, 0.42, name, OWNERS[i % len(OWNERS)], text_color="white", fontsize=8)
+        ax.text(3.4, y * 0.5 + 0.21, acts.get(name, ""), va="center", fontsize=8)
+    _note(fig, "A stack's gain is at most the product of its parts' gains, and less where two act on the same cost "
+               "(batching fills the compute that speculation would use); chapter 7 measures the stack against that "
+               "product.")
+    ax.set_xlim(-0.1, 9)
+    ax.set_ylim(-0.1, len(parts) * 0.5)
+    _clean(ax)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------------------------------ chapter 8
+
+def q4_block_int8_dot(seed: int = 0):
+    """A Q4_1 block of 32 weights (4-bit codes q, an fp16 scale d and minimum m: w = d q + m), and the int8
+    dot product with activations rounded per block (``int8_linear.quantize_activations``, the library's own
+    rounding): integer sum s = sum q x8, then d dx s + m sx."""
+    import numpy as np
+    import torch
+
+    from studylib.models.int8_linear import quantize_activations
+
+    g = np.random.default_rng(seed)
+    w = g.normal(0, 0.05, 32)
+    m, d = w.min(), (w.max() - w.min()) / 15
+    q = np.clip(np.round((w - m) / d), 0, 15).astype(int)
+    x = torch.tensor(g.normal(0, 1, (1, 32)), dtype=torch.float32)
+    xq, dx, sq, sx = quantize_activations(x)
+    xq = xq[0].numpy().astype(int)
+    s_int = int((q * xq).sum())
+    approx = float(d * float(dx[0, 0]) * s_int + m * float(sx[0, 0]))
+    exact = float((d * q + m) @ x[0].numpy())
+    plt = _plt()
+    fig, axes = plt.subplots(2, 1, figsize=(9, 3.6), gridspec_kw={"height_ratios": [1, 1]})
+    for ax, vals, title, cmap in ((axes[0], q, f"Q4_1 block: 32 codes q (0..15), d = {d:.4f}, m = {m:.4f}; w = d q + m "
+                                   "(20 bytes for 32 weights)", "Blues"),
+                                  (axes[1], xq, f"x rounded per block to int8: dx = max|x| / 127 = {float(dx[0, 0]):.4f}; "
+                                   "x8 = round(x / dx)", "RdBu")):
+        ax.imshow(np.asarray(vals)[None, :], cmap=cmap, aspect="auto")
+        dark = 11 if cmap == "Blues" else 80  # white text on the dark end of the colour map
+        for i, v in enumerate(vals):
+            ax.text(i, 0, str(v), ha="center", va="center", fontsize=7, color="white" if abs(v) >= dark else "#111")
+        ax.set_title(title, fontsize=8, loc="left")
+        _clean(ax)
+    _note(fig, f"The dot product in integers: s = sum q x8 = {s_int} (exact; one VNNI instruction does 32 or 64 of these "
+               f"products, one AMX tile multiply 16,384), then d dx s + m sum(x) = {approx:.4f} against {exact:.4f} in fp32: the rounding of x is "
+               "what --act int8 changes, and chapter 8 measures its cost in quality.")
     fig.tight_layout()
     return fig
 
@@ -292,7 +460,9 @@ def attention_masks(specs: Sequence[str] = ("dense", "window:32", "sinks:4,28", 
 
 def _ch02(p: Mapping[str, Any]):
     gamma = int(p.get("gamma") or 4)
-    return [draft_verify(gamma, min(2, gamma))]
+    tree = [int(t) for t in str(p.get("eagle_tree") or "3,2,6").split(",")]
+    depth, topk, nodes = (tree + [3, 2, 6])[:3]
+    return [draft_verify(gamma, min(2, gamma)), eagle_tree(min(depth, 4), min(topk, 3), min(nodes, 10))]
 
 
 def _ch04(p: Mapping[str, Any]):
@@ -310,10 +480,14 @@ def _ch06(p: Mapping[str, Any]):
 # chapter -> (caption, builder of the figures from the chapter's parameters)
 MECHANISMS: dict[int, tuple[str, Callable[[Mapping[str, Any]], list]]] = {
     1: ("How decoding spends its passes", lambda p: [decode_chain()]),
-    2: ("One speculative step", _ch02),
+    2: ("One speculative step, and EAGLE's token tree", _ch02),
+    3: ("One lookahead step", lambda p: [lookahead_step(int(p.get("window") or 4), int(p.get("ngram") or 3),
+                                                        int(p.get("guesses") or 2))]),
     4: ("The prefix tree", _ch04),
     5: ("Three ways to batch, and where the KV lives", _ch05),
     6: ("What each attention pattern lets a query see", _ch06),
+    7: ("How the techniques compose", lambda p: [stack_layers()]),
+    8: ("A 4-bit block and the int8 dot product", lambda p: [q4_block_int8_dot()]),
 }
 
 

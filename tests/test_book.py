@@ -113,7 +113,8 @@ def test_front_page_written_from_verdicts(tmp_path, monkeypatch):
     monkeypatch.setattr(decisions, "apply_registration", lambda data, path=None: data)
     out = _study(tmp_path)
     page = (out / "index.html").read_text(encoding="utf-8")
-    order = ["What the source document says", "What was run", "The bottom line", "The claims, one line each",
+    # the verdicts first (a reader's first screen), then the setting
+    order = ["The verdicts", "What the source document says", "What was run",
              "Claimed against measured", "The chapters", "Search the chapters", "Rerun it", "Every verdict"]
     at = [page.index(h if h == "Every verdict" else f"<h2>{h}") for h in order]
     assert at == sorted(at)
@@ -122,6 +123,7 @@ def test_front_page_written_from_verdicts(tmp_path, monkeypatch):
     assert page.index("latency reduction: 3") < page.index("quality retained: 0.9996")
     assert "1.2 min" in page and "12 s" in page
     assert (out / "claims_vs_measured.png").exists() and "src='claims_vs_measured.png'" in page
+    assert "the essay's own number where it gives one" in page and "bar this study chose" in page
     assert '"radix' not in page and "The word radix appears here." in page  # the search index, escaped JSON
 
 
@@ -203,3 +205,20 @@ def test_front_page_says_the_embedded_model_is_distributed_in_4_bit():
     assert "Q4_1" in note and "cannot be measured" in note and "chapter 8" in note
     assert "chapter 8" not in _native_format_note("smollm2-135m", compression_ran=False)
     assert _native_format_note("tiny-random", compression_ran=True) == ""  # no GGUF: nothing to say
+
+
+def test_the_printed_book_opens_with_the_front_matter_and_wraps_wide_tables(tmp_path):
+    """book.pdf's page 1 is the front page's verdicts, not a contents list; printed tables wrap instead of
+    losing columns; the claims figure's labels keep their distinguishing end."""
+    from studylib.workbook.book import PRINT_CSS, front_matter, write_print_page
+    from studylib.workbook.front import shorten_middle
+
+    (tmp_path / "index.html").write_text("<html><body><h1>Study</h1><h2>The bottom line</h2><p>3 hold</p>"
+                                         "<h2>The chapters</h2><table>chapters</table><script>x</script></body></html>")
+    (tmp_path / "ch01.html").write_text("<html><body><h1>Chapter 1</h1><p>body</p></body></html>")
+    assert "3 hold" in front_matter(tmp_path) and "chapters</table>" not in front_matter(tmp_path)
+    text = write_print_page(tmp_path, [(1, "Chapter 1")]).read_text()
+    assert text.index("3 hold") < text.index("Contents") < text.index("<p>body</p>")
+    assert "overflow-wrap: anywhere" in PRINT_CSS and "@media print" in text
+    label = shorten_middle("C9 ch8: decode speed-up over dense fp32, same engine path, gguf+bf16prefill", 50)
+    assert len(label) <= 50 and label.endswith("gguf+bf16prefill") and label.startswith("C9 ch8")

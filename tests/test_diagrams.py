@@ -56,3 +56,14 @@ def test_masks_come_from_the_patterns():
     assert titles[0].endswith("100% of causal pairs") and "window:16" in titles[1]
     assert not titles[1].endswith("100% of causal pairs")
     matplotlib.pyplot.close(fig)
+
+
+def test_the_new_mechanisms_use_the_librarys_own_rules():
+    """EAGLE's tree keeps the nodes eagle.select_nodes keeps; the Q4_1/int8 picture rounds x as the kernel
+    does; every chapter with a technique has its picture."""
+    for n in (2, 3, 7, 8):
+        caption, figs = diagrams.mechanism_figures(n, {"eagle_tree": "3,2,6"})
+        assert caption and figs
+        for f in figs:
+            diagrams._plt().close(f)
+    assert len(diagrams.mechanism_figures(2, {"eagle_tree": "5,4,16"})[1]) == 2

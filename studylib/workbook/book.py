@@ -458,13 +458,38 @@ def write_print_page(out: Path, chapters: Sequence[tuple[int, str]]) -> Path:
         body = re.sub(r"<nav class='book[^']*'>.*?</nav>", "", body, flags=re.S)
         parts.append(f"<section class='chapter' id='ch{c:02d}'>{body}</section>")
     style = ("section.chapter { break-before: page; } details.appendix { display: none; } "
-             ".input_area pre { white-space: pre-wrap; }")
+             ".input_area pre { white-space: pre-wrap; } section.front h2 { break-after: avoid; } " + PRINT_CSS)
     toc = "".join(f"<li><a href='#ch{c:02d}'>{html.escape(t)}</a></li>" for c, t in chapters)
     from pygments.formatters import HtmlFormatter
 
     return atomic_write(out / "book.html", page(
-        "Fast LLM inference: the whole study", f"<h1>Fast LLM inference: a reproducible study</h1><ol>{toc}</ol>"
-        + "".join(parts), _NOTEBOOK_CSS + style + HtmlFormatter(style="default").get_style_defs(".highlight")))
+        "Fast LLM inference: the whole study", front_matter(out) + f"<section class='chapter'><h2>Contents</h2>"
+        f"<ol>{toc}</ol></section>" + "".join(parts),
+        _NOTEBOOK_CSS + style + HtmlFormatter(style="default").get_style_defs(".highlight")))
+
+
+# Printed, a table cannot scroll: it wraps its cells and shrinks its type to fit the page width instead
+# of losing its right-hand columns (and no scroll bar is printed).
+PRINT_CSS = """
+@media print {
+  .table-wrap, .output_html, .output_subarea, .output_area, div.jp-RenderedHTMLCommon {
+    overflow: visible !important; max-width: 100% !important; }
+  table { font-size: 7pt !important; max-width: 100% !important; table-layout: auto; }
+  th, td { overflow-wrap: anywhere; word-break: normal; padding: 1px 3px !important; }
+  ::-webkit-scrollbar { display: none; }
+}
+"""
+
+
+def front_matter(out: Path) -> str:
+    """The front page's opening (the essay, what was run, the bottom line, the claims and the figure),
+    for the top of the printed book: a reader of the PDF meets the verdicts on page 1, not a contents list."""
+    index = out / "index.html"
+    if not index.exists():
+        return "<h1>Fast LLM inference: a reproducible study</h1>"
+    body = index.read_text(encoding="utf-8").split("<body>", 1)[-1].rsplit("</body>", 1)[0]
+    body = re.sub(r"<script.*?</script>", "", body, flags=re.S)
+    return "<section class='front'>" + body.split("<h2>The chapters</h2>", 1)[0] + "</section>"
 
 
 def print_pdf(out: Path, chromium: str | None = None) -> Path:
