@@ -15,6 +15,7 @@ from studylib.bench.roofline import decode_bytes_per_step, dtype_bytes
 from studylib.experiments.ch01_baseline import ANCHORS, knee_batch
 from studylib.models import LlamaModel
 from studylib.models.config import ModelConfig
+from studylib.workbook.tables import plural
 
 
 def explain_latency(fit: dict) -> str:
@@ -157,7 +158,7 @@ def explain_bench(benches: dict) -> str:
         sp = bench["speedup_vs_hf"]
         same = bench["identical_to_hf"]
         rel = "faster than" if sp["ci_low"] > 1 else ("slower than" if sp["ci_high"] < 1 else "level with")
-        parts.append(f"With `--weights {weights}`, on {bench['prompts']} prompts x {bench['repeats']} repeats of "
+        parts.append(f"With `--weights {weights}`, on {plural(bench['prompts'], 'prompt')} x {plural(bench['repeats'], 'repeat')} of "
                      f"{bench['max_new_tokens']} tokens, this runtime is {rel} HF generate ({sp['value']:.2f}x) and "
                      f"reaches {bench['fraction_of_roofline']['value']:.0%} of its roofline while decoding; "
                      f"{same:.0%} of outputs are token-identical to HF's.")

@@ -143,8 +143,10 @@ def self_spec_summary(spec: str, info: Mapping | None) -> str:
     if info is None:
         return f"Self-speculation uses the layers given as a parameter ({spec}); no search was run."
     best = max(info["path"][1:], key=lambda s: s["predicted_speedup"])
-    return (f"The search skipped up to {info['budget']} layers; the best predicted trade-off skips "
-            f"{len(best['skipped'])} layers ({spec}) with first-token acceptance {best['alpha']:.2f} at a weight cost "
+    from studylib.workbook.tables import plural
+
+    return (f"The search skipped up to {plural(info['budget'], 'layer')}; the best predicted trade-off skips "
+            f"{plural(len(best['skipped']), 'layer')} ({spec}) with first-token acceptance {best['alpha']:.2f} at a weight cost "
             f"of {best['cost_ratio']:.2f}, predicting {best['predicted_speedup']:.2f}x at gamma = {best['best_gamma']} "
             f"if verification were free. Acceptance goes from {info['path'][1]['alpha']:.2f} with one layer skipped "
             f"to {info['path'][-1]['alpha']:.2f} with {len(info['path'][-1]['skipped'])}.")

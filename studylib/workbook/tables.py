@@ -27,6 +27,13 @@ _WORDS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "end-to-end", "e2
           "slo": "SLO", "hf": "HF", "gguf": "GGUF", "isa": "ISA", "tok": "tokens", "req": "requests"}
 
 
+def plural(n: int | float, word: str, many: str | None = None) -> str:
+    """``1 layer``, ``2 layers``, ``1 repeat``: a count with its noun in the right number."""
+    one = isinstance(n, int | float) and float(n) == 1.0
+    return f"{n:g} {word if one else (many or word + 's')}" if isinstance(n, float) else \
+        f"{n} {word if one else (many or word + 's')}"
+
+
 def header(name: Any) -> str:
     """``throughput_tok_s`` -> "throughput (tok/s)", ``ttft_p99_s`` -> "TTFT p99 (s)"."""
     text = str(name)
