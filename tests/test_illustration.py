@@ -116,7 +116,7 @@ def test_peer_aims_below_n_are_not_judged():
     html = to_html(aims)
     assert "illustration (n = 2 prompts)" in html and "not judged" in html
     text = explain_aims(aims, _gamma_sweep(1))
-    assert text.startswith("0 of 2 aims met.") and "2 more are not judged" in text
+    assert text.startswith("0 of 2 of this chapter's performance targets met.") and "2 more are not judged" in text
     assert "gamma sweep" not in text  # the sweep on one prompt explains nothing
     none = performance_aim(_by_workload().assign(prompts=2), "pld@8,3", "sps:distilled@4", _peers(2))
     assert none.met.isna().all() and explain_aims(none).startswith("No aim is judged: all 4 are illustrations")

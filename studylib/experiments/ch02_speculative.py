@@ -506,7 +506,7 @@ def explain_aims(aims: pd.DataFrame, sweep: pd.DataFrame | None = None) -> str:
     if judged.empty:
         return (f"No aim is judged: all {len(aims)} are illustrations on too few prompts to conclude (the table "
                 "gives n).")
-    text = f"{len(met)} of {len(judged)} aims met."
+    text = f"{len(met)} of {len(judged)} of this chapter's performance targets met."
     if len(judged) < len(aims):
         text += (f" {len(aims) - len(judged)} more {'is' if len(aims) - len(judged) == 1 else 'are'} not judged: "
                  "illustrations on too few prompts to conclude (the table gives n).")

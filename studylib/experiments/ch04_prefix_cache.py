@@ -35,7 +35,7 @@ ANCHORS = [
     {"system": "SGLang RadixAttention", "source": "Zheng et al. 2024 (NeurIPS), SGLang",
      "result": "up to 6.4x throughput; cache hit rates 50-99% across workloads",
      "model": "Llama-7B/70B, Mixtral-8x7B, LLaVA", "hardware": "A10G / A100"},
-    {"system": "vLLM automatic prefix caching", "source": "vLLM docs PR #53395 (2026)",
+    {"system": "vLLM automatic prefix caching", "source": "vLLM documentation, automatic prefix caching (2026)",
      "result": "94.6% full-block token hit ratio -> only 5.7-6.2% throughput gain",
      "model": "short agentic workload, concurrency 64", "hardware": "GPU"},
 ]
