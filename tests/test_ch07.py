@@ -68,6 +68,13 @@ def test_plans_text_names_every_workload_and_reason():
     assert "**b**: nothing." in text
 
 
+def test_a_technique_whose_ci_reaches_1_does_not_join():
+    """Prompt lookup at 1.05x [0.82, 1.43] is no sure gain: the stack keeps the prefix cache alone."""
+    plan = stk.plan_stack({cc.PREFIX: (2.0, 1.6, 2.4), "prompt-lookup": (1.05, 0.82, 1.43)}, True, always)
+    assert plan.stack == (cc.PREFIX,)
+    assert any("prompt-lookup left out" in n and "0.82-1.43" in n for n in plan.notes)
+
+
 def test_plan_stack_with_nothing_helping_is_the_baseline():
     plan = stk.plan_stack({cc.PREFIX: 0.9, "speculative": 0.5}, True, always)
     assert plan.chain == [] and plan.stack == ()

@@ -44,20 +44,26 @@ class StackPlan:
         return self.chain[-1] if self.chain else ()
 
 
-def plan_stack(speedups: Mapping[str, float], window_quality_ok: bool,
+def plan_stack(speedups: Mapping[str, float | tuple[float, float, float]], window_quality_ok: bool,
                composable: Callable[[tuple[str, ...]], str | None]) -> StackPlan:
-    """Choose the best stack for one workload from single-technique speedups (point values).
+    """Choose the best stack for one workload from single-technique speedups: a value, or (value, CI low,
+    CI high) over the workload's requests.
 
-    A technique joins only if it helped alone (speedup > 1). Order: prefix cache, then the fastest
+    A technique joins only if it surely helped alone: the low end of its CI above 1 (a point value above 1
+    whose CI spans 1 is no evidence of a gain, and stacking on noise made a stack slower than its best
+    part). Without a CI the point value decides. Order: prefix cache, then the fastest
     decoder that composes with it (``composable(techniques)`` returns why not, or None), then window
     attention if ``window_quality_ok`` and it composes. If the best decoder cannot stack on the prefix
     cache, the faster of the two alone is kept. Every choice left out is explained in ``notes``.
     """
     notes: list[str] = []
-    helps = {t: s for t, s in speedups.items() if s > 1.0}
-    for t, s in speedups.items():
-        if s <= 1.0:
-            notes.append(f"{t} left out: {s:.2f}x alone (no gain)")
+    est = {t: (s, s, s) if isinstance(s, int | float) else tuple(float(x) for x in s) for t, s in speedups.items()}
+    helps = {t: v for t, (v, lo, _) in est.items() if lo > 1.0}
+    for t, (v, lo, hi) in est.items():
+        if v <= 1.0:
+            notes.append(f"{t} left out: {v:.2f}x alone (no gain)")
+        elif lo <= 1.0:
+            notes.append(f"{t} left out: {v:.2f}x alone, but its CI ({lo:.2f}-{hi:.2f}) reaches 1 (no sure gain)")
     chain: list[tuple[str, ...]] = []
     if PREFIX in helps:
         chain.append((PREFIX,))
@@ -163,7 +169,10 @@ def plan_stacks(model, tokenizer, summary: pd.DataFrame, quality: pd.DataFrame, 
 
     plans = {}
     for wl, g in summary.groupby("workload", sort=False):
-        speed = {t[0]: s for t, s in zip(g.techniques, g.speedup, strict=True) if len(t) == 1}
+        lows = g.speedup_low if "speedup_low" in g else g.speedup
+        highs = g.speedup_high if "speedup_high" in g else g.speedup
+        speed = {t[0]: (s, lo, hi) for t, s, lo, hi in zip(g.techniques, g.speedup, lows, highs, strict=True)
+                 if len(t) == 1}
         plans[wl] = plan_stack(speed, ok.get(wl, False), composable)
     return plans
 
