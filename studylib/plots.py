@@ -146,9 +146,12 @@ def fmt_number(v: Any, digits: int = 3) -> str:
 
 
 def table(df: Any, digits: int = 3, index: bool = False) -> Any:
-    """A DataFrame for reading: no positional index, floats to ``digits`` significant digits."""
-    styler = df.style.format(lambda v: fmt_number(v, digits))
-    return styler if index else styler.hide(axis="index")
+    """A DataFrame for reading, through the one formatting layer (``workbook.tables``): readable headers
+    with units, significant figures, CIs in the cell, yes/no, "not measured" with its reason. ``index``:
+    keep a labelled index as the first column. (``digits`` is kept for callers; the layer uses three.)"""
+    from studylib.workbook.tables import ReadableTable
+
+    return ReadableTable(df if index or df.index.name is None else df.reset_index(drop=False))
 
 
 def _visible(locs: Any, lo: float, hi: float) -> list[float]:

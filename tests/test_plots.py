@@ -34,6 +34,13 @@ def test_numbers_read_well():
         "1397", "52.9", "0.00298", "2039", "16", "a"]
     html = plots.table(pd.DataFrame({"a": [1.23456]})).to_html()
     assert "1.23" in html and "1.23456" not in html
+    # through the one formatting layer: readable headers, no positional index, no printed tuple headers
+    df = pd.DataFrame({"step_ms_low": [1.0], "step_ms": [2.0], "step_ms_high": [3.0], "ok": [True]}, index=[7])
+    html = plots.table(df).to_html()
+    assert "Step (ms) (95% CI)" in html and "step_ms_low" not in html and ">yes<" in html and ">7<" not in html
+    wide = pd.DataFrame({("ms", "dense"): [1.0], ("rows", ""): [2]})
+    html = plots.table(wide).to_html()
+    assert "Ms dense" in html and "(&#x27;ms&#x27;" not in html and "('ms'" not in html
 
 
 def _labels(axis) -> list[str]:

@@ -110,9 +110,15 @@ def readable(df: Any):
     if not isinstance(df, pd.DataFrame):
         return df
     frame = df.copy()
-    if not isinstance(frame.index, pd.RangeIndex):
+    # An unnamed integer index is positions left by a filter or a sort, not data: drop it, never print it
+    # as an "index" column. A named or non-integer index carries labels and becomes the first column.
+    if isinstance(frame.index, pd.RangeIndex) or (frame.index.name is None and frame.index.nlevels == 1
+                                                   and pd.api.types.is_integer_dtype(frame.index)):
+        frame = frame.reset_index(drop=True)
+    else:
         frame = frame.reset_index()
-    frame.columns = [str(c) for c in frame.columns]
+    # A pivot's two-level headers ('ms', 'dense') read as "ms dense", never as a printed tuple.
+    frame.columns = [" ".join(str(x) for x in c if str(x)) if isinstance(c, tuple) else str(c) for c in frame.columns]
     frame = frame[[c for c in frame.columns if c not in _DROP]]
     columns = list(frame.columns)
     n_cols = [c for c in columns if c in _N_COLUMNS and pd.api.types.is_integer_dtype(frame[c])]
@@ -180,6 +186,22 @@ def notes(df: Any) -> list[str]:
         if str(c) in reasons and any(_empty(v) for v in df[c]):
             grouped.setdefault(reasons[str(c)], []).append(header(c))
     return [f"{', '.join(cols)}: {why}" for why, cols in grouped.items()]
+
+
+class ReadableTable:
+    """A frame shown through ``to_html`` (notebooks display it, the book keeps its HTML)."""
+
+    def __init__(self, df: Any):
+        self.df = df
+
+    def _repr_html_(self) -> str:
+        return to_html(self.df)
+
+    def to_html(self) -> str:
+        return to_html(self.df)
+
+    def __repr__(self) -> str:
+        return readable(self.df).to_string(index=False)
 
 
 def to_html(df: Any) -> str:
