@@ -79,6 +79,11 @@ EXERCISES: dict[int, tuple[Exercise, ...]] = {
         Exercise("A cheaper self-draft", "Skipping more layers makes the self-draft cheaper but less accurate: "
                  "which wins?", "α and the speed-up against the layer search's prediction.",
                  steps=((2, {"self_budget": 20}),)),
+        Exercise("The distilled draft", "Why is a small draft model not in the default run? Add it (it trains on "
+                 "first use) and set its cost beside the EAGLE head's.",
+                 "the draft table's measured c, one draft forward in target forwards, and what it leaves of the "
+                 "speed-up whatever its acceptance.",
+                 steps=((2, {"distilled": True}),)),
     ),
     3: (
         Exercise("The paper's configuration", "Lookahead with W=7, N=5, G=7 and no prompt pool, as its authors "
