@@ -69,6 +69,37 @@ def palette(methods: Iterable[str]) -> dict[str, str]:
     return {m: color(m) for m in dict.fromkeys(methods)}
 
 
+def family_palette(series: Iterable[str], family) -> dict[str, str]:
+    """A ``hue`` palette where each series takes its family's colour (``family(series)``, e.g. an attention
+    pattern's kind), in distinct shades when a family has several members: two Quest budgets never share
+    one colour, and a reader still sees they are both Quest."""
+    groups: dict[str, list[str]] = {}
+    for s in dict.fromkeys(series):
+        groups.setdefault(family(s), []).append(s)
+    out = {}
+    for fam, members in groups.items():
+        base = color(fam)
+        if len(members) == 1:
+            out[members[0]] = base
+            continue
+        shades = sns.dark_palette(base, n_colors=len(members) + 2, reverse=False).as_hex()[2:]
+        out.update(dict(zip(members, shades, strict=True)))
+    return out
+
+
+def legend_below(fig, ax, ncol: int = 4) -> None:
+    """Move ``ax``'s legend under the whole figure, in columns, so no entry is cut by a neighbouring panel
+    and nothing covers data."""
+    legend = ax.get_legend()
+    if legend is None:
+        return
+    handles, labels = ax.get_legend_handles_labels()
+    legend.remove()
+    fig.legend(handles, labels, loc="lower center", ncol=min(ncol, max(len(labels), 1)), fontsize="small",
+               frameon=False, bbox_to_anchor=(0.5, -0.02))
+    fig.subplots_adjust(bottom=0.18 + 0.06 * ((len(labels) - 1) // ncol))
+
+
 def lineplot_ci(df: Any, x: str, y: str, hue: str | None = None, low: str | None = None, high: str | None = None,
                 ax: plt.Axes | None = None, logx: bool = False, logy: bool = False, title: str | None = None,
                 **kw: Any) -> plt.Axes:

@@ -152,3 +152,15 @@ def test_ticks_set_on_purpose_are_kept_and_a_seaborn_grid_is_accepted():
     assert plots.tidy(grid) is grid
     assert len([t for t in _labels(grid.axes.flat[0].yaxis) if t]) >= 3
     plt.close("all")
+
+
+def test_a_family_palette_gives_each_member_its_own_shade_and_legends_go_below():
+    pal = plots.family_palette(["dense", "quest:budget=1024", "quest:budget=2048", "window:64"],
+                               lambda s: s.split(":")[0])
+    assert len(set(pal.values())) == 4 and pal["dense"] == plots.color("dense")
+    fig, axes = plt.subplots(1, 2)
+    axes[0].plot([0, 1], [0, 1], label="window:1024 a long label")
+    axes[0].legend()
+    plots.legend_below(fig, axes[0])
+    assert axes[0].get_legend() is None and len(fig.legends) == 1
+    plt.close("all")

@@ -197,18 +197,20 @@ def plot_decode_cost(dc: pd.DataFrame):
     from studylib import plots
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    pal = {s: plots.color(Pattern.parse(s).kind) for s in dc["pattern"].unique()}
+    pal = plots.family_palette(dc["pattern"].unique(), lambda s: Pattern.parse(s).kind)
     sns.lineplot(dc, x="seq_len", y="ms_per_token", hue="pattern", palette=pal, marker="o", errorbar=("pi", 100),
                  ax=axes[0])
     read = dc.groupby(["pattern", "seq_len"], as_index=False)["kv_read_mb"].median()
     sns.lineplot(read, x="seq_len", y="kv_read_mb", hue="pattern", palette=pal, marker="o", ax=axes[1], legend=False)
-    for ax, title in zip(axes, ("time per decoded token (ms), whole model", "K/V read per decode step (MiB)"),
-                         strict=True):
+    for ax, title, ylabel in zip(axes, ("time per decoded token (ms), whole model", "K/V read per decode step (MiB)"),
+                                 ("ms per token", "MiB"), strict=True):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel(ylabel)
         ax.set_title(title)
     axes[0].set_ylim(bottom=0)
-    axes[0].legend(fontsize="x-small")
+    fig.tight_layout()
+    plots.legend_below(fig, axes[0])
     return plots.tidy(fig)
 
 

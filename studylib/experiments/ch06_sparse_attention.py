@@ -222,7 +222,7 @@ def plot_cost(cost: pd.DataFrame):
     import seaborn as sns
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    pal = {s: plots.color(Pattern.parse(s.split(" / ")[0]).kind) for s in cost["series"].unique()}
+    pal = plots.family_palette(cost["series"].unique(), lambda s: Pattern.parse(s.split(" / ")[0]).kind)
     styles = {s: (2, 2) if s.endswith("masked") else "" for s in pal}
     sns.lineplot(cost, x="seq_len", y="seconds", hue="series", style="series", dashes=styles, palette=pal,
                  marker="o", errorbar=None, ax=axes[0])
@@ -230,11 +230,15 @@ def plot_cost(cost: pd.DataFrame):
     if len(mem):
         sns.lineplot(mem, x="seq_len", y="peak_mb", hue="series", style="series", dashes=styles, palette=pal,
                      marker="o", ax=axes[1], legend=False)
-    for ax, title in zip(axes, ("time per attention call (s)", "peak extra memory (MiB)"), strict=True):
+    for ax, title, ylabel in zip(axes, ("time per attention call (s)", "peak extra memory (MiB)"), ("s", "MiB"),
+                                 strict=True):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.set_xlabel("sequence length (tokens)")
+        ax.set_ylabel(ylabel)
         ax.set_title(title)
-    axes[0].legend(fontsize="x-small")
+    fig.tight_layout()
+    plots.legend_below(fig, axes[0])
     return plots.tidy(fig)
 
 
