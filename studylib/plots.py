@@ -87,6 +87,25 @@ def family_palette(series: Iterable[str], family) -> dict[str, str]:
     return out
 
 
+def label_points(ax, points, fontsize: int = 9) -> None:
+    """Name each point (label, x, y) beside it where the label overlaps no label placed before: each tries
+    a ring of offsets around its point, nearest first, and keeps the first free one (the last, if none is)."""
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    offsets = [(6, 4, "left"), (6, -12, "left"), (-6, 4, "right"), (-6, -12, "right"), (6, 16, "left"),
+               (6, -24, "left"), (-6, 16, "right"), (-6, -24, "right"), (0, 28, "center"), (0, -36, "center")]
+    placed = []
+    for label, x, y in sorted(points, key=lambda p: (p[2], p[1])):
+        for dx, dy, ha in offsets:
+            ann = ax.annotate(label, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=fontsize, ha=ha)
+            box = ann.get_window_extent(renderer).expanded(1.05, 1.1)
+            if not any(box.overlaps(b) for b in placed) or (dx, dy, ha) == offsets[-1]:
+                placed.append(box)
+                break
+            ann.remove()
+
+
 def legend_below(fig, ax, ncol: int = 4) -> None:
     """Move ``ax``'s legend under the whole figure, in columns, so no entry is cut by a neighbouring panel
     and nothing covers data."""

@@ -164,3 +164,18 @@ def test_a_family_palette_gives_each_member_its_own_shade_and_legends_go_below()
     plots.legend_below(fig, axes[0])
     assert axes[0].get_legend() is None and len(fig.legends) == 1
     plt.close("all")
+
+
+def test_point_labels_do_not_overlap():
+    fig, ax = plt.subplots(figsize=(5, 3))
+    pts = [(f"arm{i}", 2.0 + 0.01 * i, 1e-3 * (1 + 0.01 * i)) for i in range(5)]  # five points on one spot
+    for _, x, y in pts:
+        ax.plot(x, y, "o")
+    ax.set_yscale("log")
+    plots.label_points(ax, pts)
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(r) for t in ax.texts]
+    assert len(boxes) == 5
+    assert sum(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:]) == 0
+    plt.close("all")

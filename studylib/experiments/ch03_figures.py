@@ -153,16 +153,23 @@ def explain_cost(cost: pd.DataFrame, curve: pd.DataFrame) -> str:
     return text
 
 
+def _cell_token(s: str, width: int = 10) -> str:
+    """A token as its cell shows it: escapes visible, whole up to ``width`` characters, else cut with an ellipsis."""
+    text = repr(s)[1:-1]
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def plot_trajectory(traj: pd.DataFrame, blocks: Sequence[int] = (0, 1)) -> plt.Figure:
     """Which block positions are right (light) and committed (dark) at each Jacobi iteration."""
     blocks = [b for b in blocks if b in set(traj.block)]
-    fig, axes = plt.subplots(1, len(blocks), figsize=(5.5 * len(blocks), 3.6), squeeze=False)
+    width = max(5.5, 0.75 * int(traj.position.max() + 1)) if len(traj) else 5.5  # room for whole tokens
+    fig, axes = plt.subplots(1, len(blocks), figsize=(width * len(blocks), 3.6), squeeze=False)
     for ax, b in zip(axes[0], blocks, strict=True):
         t = traj[traj.block == b]
         state = (t.correct.astype(int) + t.fixed.astype(int)).to_numpy()
         grid = pd.DataFrame({"it": t.iteration, "pos": t.position, "s": state}).pivot(
             index="it", columns="pos", values="s")
-        text = pd.DataFrame({"it": t.iteration, "pos": t.position, "w": t.text.map(lambda s: repr(s)[1:-1][:6])}
+        text = pd.DataFrame({"it": t.iteration, "pos": t.position, "w": t.text.map(_cell_token)}
                             ).pivot(index="it", columns="pos", values="w")
         sns.heatmap(grid, annot=text, fmt="", cmap=sns.color_palette(["#f4cccc", "#c9e4f6", "#3d85c6"], 3),
                     vmin=0, vmax=2, cbar=False, ax=ax, linewidths=0.5, annot_kws={"fontsize": 7})

@@ -485,17 +485,19 @@ def plot_frontier(table: pd.DataFrame, ax=None):
 
     from studylib import plots
 
-    ax = ax or plt.subplots(figsize=(6.5, 4))[1]
+    ax = ax or plt.subplots(figsize=(7.5, 4.5))[1]
+    points = []
     for r in table.itertuples():
         if r.arm in SPEED_ONLY:
             continue
         kl = max(r.kl_mean, 1e-7)
         ax.errorbar(r.speedup, kl, xerr=[[r.speedup - r.speedup_low], [r.speedup_high - r.speedup]], fmt="o",
                     color=plots.color("studylib" if r.arm != BASELINE else "ar"), capsize=3)
-        ax.annotate(r.arm, (r.speedup, kl), textcoords="offset points", xytext=(6, 4), fontsize=9)
+        points.append((r.arm, r.speedup, kl))
     ax.set(yscale="log", xlabel="decode speed-up over dense fp32 on the same path (median, 95% CI)",
            ylabel="mean KL(dense || format), nats/token (floor 1e-7)",
            title="The quality/speed frontier of weight formats")
+    plots.label_points(ax, points)
     return plots.tidy(ax)
 
 
