@@ -16,6 +16,7 @@ import pandas as pd
 from studylib import plots
 from studylib.attention import Pattern, make_cache
 from studylib.errors import StudylibError
+from studylib.workbook.tables import span
 
 
 def budget_specs(budgets: Sequence[int], kinds: Sequence[str] = ("window", "sinks", "blocksparse"),
@@ -153,7 +154,7 @@ def explain_quality(summary: pd.DataFrame) -> str:
     s = (f"Best: {best.pattern} at {best.ppl_ratio:.4f}x dense perplexity ({best.budget_frac:.0%} of the context "
          f"as KV budget); worst: {worst.pattern} at {worst.ppl_ratio:.4f}x. "
          f"{len(within)} of {len(sp)} patterns stay within 1% of dense. Greedy continuations match dense on "
-         f"{sp.agreement.min():.0%}-{sp.agreement.max():.0%} of tokens.")
+         f"{span(sp.agreement.min(), sp.agreement.max())} of tokens.")
     return s
 
 

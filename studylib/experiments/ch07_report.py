@@ -29,6 +29,7 @@ from studylib.experiments.ch05_interplay import EQUIVALENCE_DELTA, ttft_not_tpot
 from studylib.experiments.ch07_quality import QUALITY_BAR
 from studylib.experiments.ch07_stack import StackPlan, stack_arm_name
 from studylib.models import arithmetic
+from studylib.workbook.tables import span
 
 LATENCY_BAR = 10.0  # "end-to-end latency reduced by more than 10x"
 THROUGHPUT_BAR, THROUGHPUT_TOP = 8.0, 12.0  # "throughput raised 8-12x"
@@ -404,7 +405,7 @@ def quality_text(quality: pd.DataFrame) -> str:
     lossy = quality[~quality.lossless]
     if len(lossy):
         ppl = lossy.ppl_ratio.dropna()
-        out += (f" Lossy arms kept {lossy.agreement.min():.0%}-{lossy.agreement.max():.0%} greedy agreement with the "
+        out += (f" Lossy arms kept {span(lossy.agreement.min(), lossy.agreement.max())} greedy agreement with the "
                 f"baseline" + (f" at a perplexity ratio of {ppl.iloc[0]:.3f}" if len(ppl) else "")
                 + f"; quality retained (worst measure) {lossy.quality_retained.min():.0%}-"
                   f"{lossy.quality_retained.max():.0%}.")

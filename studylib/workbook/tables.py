@@ -34,6 +34,12 @@ def plural(n: int | float, word: str, many: str | None = None) -> str:
         f"{n} {word if one else (many or word + 's')}"
 
 
+def span(lo: float, hi: float, fmt: str = ".0%") -> str:
+    """A range as a reader writes it: "92%-97%", or one value when both ends print the same ("100%")."""
+    a, b = format(lo, fmt), format(hi, fmt)
+    return a if a == b else f"{a}-{b}"
+
+
 def header(name: Any) -> str:
     """``throughput_tok_s`` -> "throughput (tok/s)", ``ttft_p99_s`` -> "TTFT p99 (s)"."""
     text = str(name)
