@@ -138,12 +138,20 @@ def test_the_sweep_page_puts_cells_side_by_side_and_the_front_page_links_it(tmp_
     (out / "ch01-r2=bad" / "ch01.failed.html").write_text("<p>failed</p>")
     (out / "sweep.json").write_text(json.dumps({"name": "toy", "profile": "smoke", "chapters": [1],
                                                 "grid": {"r2": [0.95, 0.999, "bad"]}, "cells": cells}))
+    # chapter 1 cells also carry their step cost against rows: the regime figure is drawn from it
+    for r2, slope in ((0.95, 0.9), (0.999, 0.2)):
+        data = json.loads((out / f"ch01-r2={r2}" / "ch01.json").read_text())
+        data["measurements"]["step_vs_rows"] = [{"engine": "q4_1", "rows": k, "v": 1 + slope * (k - 1),
+                                                  "v_low": 1 + 0.9 * slope * (k - 1), "v_high": 1 + 1.1 * slope * (k - 1)}
+                                                 for k in (1, 2, 4, 8)]
+        (out / f"ch01-r2={r2}" / "ch01.json").write_text(json.dumps(data))
     q = quantities(json.loads((out / "sweep.json").read_text()), out)
     assert len(q) == 1 and [p[1] for p in next(iter(q.values()))] == [0.95, 0.999]
     text = write_sweep_page(out).read_text()
     assert "ch01-r2=0.95/ch01.html" in text and "boom" in text and "quantity_00.png" in text
     assert "ch01-r2=bad/ch01.failed.html" in text and "0.5 " not in text.split("ch01-r2=bad")[-1][:300]
     assert (out / "quantity_00.png").exists()
+    assert "regime.png" in text and (out / "regime.png").exists()
     assert "sweeps/toy/index.html" in sweeps_block(tmp_path / "reports")
 
 

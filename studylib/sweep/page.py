@@ -93,6 +93,59 @@ def _wrap(text: str, width: int) -> list[str]:
     return textwrap.wrap(text, width) or [text]
 
 
+def step_cost_frame(summary: dict[str, Any], sweep_dir: Path):
+    """Chapter 1's step cost against rows (v(k), with its CI, and the roofline model's ridge) from every
+    cell that ran it: one frame with the cell's label, for the regime figure."""
+    import pandas as pd
+
+    varying = list(summary.get("grid", {}))
+    frames = []
+    for c in summary["cells"]:
+        if c["chapter"] != 1 or c["status"] not in ("ok", "up to date"):
+            continue
+        path = sweep_dir / c["cell"] / "ch01.json"
+        if not path.exists():
+            continue
+        rows = (json.loads(path.read_text(encoding="utf-8")).get("measurements") or {}).get("step_vs_rows") or []
+        if rows:
+            frames.append(pd.DataFrame(rows).assign(cell=_label(c.get("overrides", {}), varying)))
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def _regime_figure(frame, path: Path) -> Path:
+    """v(k) against rows per cell and engine: a memory-bound device keeps v near 1 while rows grow."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid")
+    engines = list(dict.fromkeys(frame.engine))
+    fig, axes = plt.subplots(1, len(engines), figsize=(5.2 * len(engines), 3.8), squeeze=False, sharey=True)
+    for ax, eng in zip(axes[0], engines, strict=True):
+        g = frame[frame.engine == eng]
+        for cell, gc in g.groupby("cell", sort=False):
+            gc = gc.sort_values("rows")
+            line = ax.plot(gc.rows, gc.v, marker="o", label=cell)[0]
+            if {"v_low", "v_high"} <= set(gc.columns):
+                ax.fill_between(gc.rows, gc.v_low, gc.v_high, color=line.get_color(), alpha=0.2)
+        top = float(frame.rows.max())
+        ax.plot([1, top], [1, top], color="#999", ls=":", lw=1, label="v = rows (compute-bound)")
+        ax.axhline(1.0, color="#222", lw=0.8, label="v = 1 (memory-bound)")
+        ax.set(xscale="log", yscale="log", xlabel="rows in the step", title=eng)
+    axes[0][0].set_ylabel("v(k): a k-row step in one-row steps")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize="small", frameon=False)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    from studylib.plots import tidy
+
+    tidy(fig)  # plain labels on the log axes
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_sweep_page(sweep_dir: Path) -> Path:
     from studylib.workbook.book import badge, page
 
@@ -137,6 +190,14 @@ def write_sweep_page(sweep_dir: Path) -> Path:
         figs.append(f"<figure><img src='{f.name}' alt='{esc(name)} across the grid'><figcaption>{esc(name)}: each "
                     "cell's measured value with its confidence interval; the dashed line is the claim's bar.</figcaption>"
                     "</figure>")
+    steps = step_cost_frame(summary, sweep_dir)
+    if steps is not None and len(steps):
+        f = _regime_figure(steps, sweep_dir / "regime.png")
+        figs.insert(0, f"<figure><img src='{f.name}' alt='step cost against rows per cell'><figcaption>The regime: "
+                       "v(k), the cost of a step of k rows in one-row steps (median over interleaved repeats, 95% CI "
+                       "band), per cell and engine. Near the v = 1 line the step is bound by reading the weights and "
+                       "extra rows ride along; along the dotted line every row pays its own compute.</figcaption>"
+                       "</figure>")
     if figs:
         parts.append("<h2>Across the grid</h2>" + "".join(figs))
     parts.append(f"<p class='meta'>Commit {esc(str(summary.get('commit', ''))[:12])}, updated {esc(summary.get('updated', ''))}"
