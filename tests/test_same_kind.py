@@ -80,3 +80,20 @@ def test_chapter_7_reading_chapter_5s_runs_says_so(tmp_path):
     assert "Throughput gain of batching over one request at a time.</b> The chapters report the same measurement." \
         in page
     assert "Prefix-cache gain in time to first token.</b> The figures differ because" in page
+
+
+def test_decode_speed_in_chapters_1_and_8_stands_with_its_path_and_level(tmp_path):
+    """The 4-bit engine's decode speed appears in chapters 1 and 8 on different paths: each says which, and
+    a Bonferroni-corrected interval names its own level."""
+    _write(tmp_path, 1, {"measurements": {"ar_bench": {"gguf": {
+        "prompts": 10, "max_new_tokens": 48,
+        "studylib_decode_tok_s": {"value": 147.0, "ci_low": 144.0, "ci_high": 150.0, "n": 10}}}}})
+    _write(tmp_path, 8, {"measurements": {"speed": [
+        {"arm": "gguf", "decode_tok_s": 137.0, "decode_tok_s_low": 135.0, "decode_tok_s_high": 143.0, "n": 10,
+         "confidence": 0.99375},
+        {"arm": "gguf@int8", "decode_tok_s": 213.0, "decode_tok_s_low": 209.0, "decode_tok_s_high": 240.0, "n": 10,
+         "confidence": 0.99375}]}})
+    page1 = same_kind.block(tmp_path, 1)
+    assert "Single-stream decode speed" in page1 and "147 tok/s" in page1 and "137 tok/s" in page1
+    assert "generate loop" in page1 and "fused C step" in page1 and "99.38% CI" in page1
+    assert "with int8 activations 213 tok/s" in page1

@@ -119,6 +119,40 @@ def _gain_ch07(data: Mapping[str, Any]) -> Figure | None:
     return Figure(7, _ci(v["measured"], ci[0], ci[1], v.get("n"), v.get("unit") or "repeats"), where)
 
 
+def _toks(value: float, low: Any, high: Any, n: Any, unit: str, confidence: Any = None) -> str:
+    ci = (low, high) if _finite(low, high) else None
+    number, _, rest = format_ci(value, ci, n, unit).partition(" (")
+    if _finite(confidence) and confidence != 0.95:  # a corrected interval says its own level
+        rest = rest.replace("95% CI", f"{100 * confidence:.4g}% CI", 1)
+    return f"{number} tok/s" + (f" ({rest}" if rest else "")
+
+
+def _decode_ch01(data: Mapping[str, Any]) -> Figure | None:
+    b = ((data.get("measurements") or {}).get("ar_bench") or {}).get("gguf") or {}
+    e = b.get("studylib_decode_tok_s") or {}
+    if not _finite(e.get("value")):
+        return None
+    return Figure(1, _toks(e["value"], e.get("ci_low"), e.get("ci_high"), e.get("n"), "prompts"),
+                  f"the GGUF's 4-bit blocks with fp32 activations, through the generate loop (`studylib bench ar`), "
+                  f"decode steps only, {b.get('prompts', '?')} chat prompts x {b.get('max_new_tokens', '?')} new tokens")
+
+
+def _decode_ch08(data: Mapping[str, Any]) -> Figure | None:
+    rows = {r.get("arm"): r for r in (data.get("measurements") or {}).get("speed") or []}
+    r = rows.get("gguf")
+    if r is None or not _finite(r.get("decode_tok_s")):
+        return None
+    text = (f"the same blocks and arithmetic, decode steps timed one by one in the fused C step against the fp32 "
+            f"reference on the same path, {r.get('n', '?')} chat prompts")
+    i8 = rows.get("gguf@int8")
+    if i8 is not None and _finite(i8.get("decode_tok_s")):
+        text += ("; with int8 activations " + _toks(i8["decode_tok_s"], i8.get("decode_tok_s_low"),
+                                                    i8.get("decode_tok_s_high"), i8.get("n"), "prompts",
+                                                    i8.get("confidence")))
+    return Figure(8, _toks(r["decode_tok_s"], r.get("decode_tok_s_low"), r.get("decode_tok_s_high"), r.get("n"),
+                           "prompts", r.get("confidence")), text)
+
+
 KINDS: tuple[Kind, ...] = (
     Kind("Prefix-cache gain in time to first token",
          "the longer the shared prefix and the larger its share of the prompt, the more prefill the cache skips; "
@@ -128,6 +162,10 @@ KINDS: tuple[Kind, ...] = (
          "a throughput gain depends on how many requests can share a step, so a smaller workload gives a smaller "
          "gain on the same engine",
          ((5, _gain_ch05), (7, _gain_ch07))),
+    Kind("Single-stream decode speed of the 4-bit engine",
+         "the chapters time it on different paths (the generate loop with its per-token Python work, or the "
+         "decode steps alone), at different contexts and lengths, and with fp32 or int8 activations",
+         ((1, _decode_ch01), (8, _decode_ch08))),
 )
 
 
