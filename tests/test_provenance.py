@@ -220,3 +220,14 @@ def test_draft_and_eagle_head_loaders_record_their_files(tmp_path, no_artifacts)
     assert got["draft"]["path"] == str((tmp_path / "draft" / "model.safetensors").resolve())
     assert got["draft"]["sha256"] == _sha((tmp_path / "draft" / "model.safetensors").read_bytes())
     assert got["eagle_head"]["sha256"] == _sha((tmp_path / "eagle" / HEAD_FILE).read_bytes())
+
+
+def test_provenance_records_the_load_beside_the_numbers():
+    """A timing taken while something else ran is not the machine's: the load average is recorded and
+    shown with the hardware."""
+    from studylib.workbook.chapter import provenance_rows
+
+    prov = provenance_module.provenance(model="m")
+    assert prov["load_average_1min"] is None or prov["load_average_1min"] >= 0
+    rows = dict(provenance_rows({**prov, "load_average_1min": 1.5}))
+    assert "load average 1.5 when it started" in rows["hardware"]

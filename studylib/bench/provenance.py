@@ -230,6 +230,13 @@ def _backend(module: str, name: str) -> str:
         return f"unknown ({err})"
 
 
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):  # not every platform has it
+        return None
+
+
 def provenance(**params: object) -> dict:
     import torch
 
@@ -253,6 +260,9 @@ def provenance(**params: object) -> dict:
         "isa": cpu_isa(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        # The 1-minute load average when the numbers were taken: timings on these 2-core machines move
+        # when anything else runs beside them (a co-running test once turned a chapter 1 verdict).
+        "load_average_1min": _load_average(),
         "gpu": gpu,
         # Which kernels ran: each moves CPU timings (stream vs MKL linears ~1.5x; Quest's C kernel in
         # chapter 6; the block-format build, avx512 / avx2 / torch, for --weights other than dense).

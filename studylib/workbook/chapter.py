@@ -105,7 +105,9 @@ def provenance_rows(prov: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows = [("measured", str(prov.get("date"))), ("git commit", commit_label(prov)),
             ("hardware", f"{prov.get('cpu')} ({prov.get('cpu_count')} cores, torch threads "
                          f"{prov.get('torch_threads')})" + (f"; ISA {prov['isa']['label']}" if prov.get("isa") else "")
-                         + (f"; GPU {prov['gpu']}" if prov.get("gpu") else "")),
+                         + (f"; GPU {prov['gpu']}" if prov.get("gpu") else "")
+                         + (f"; load average {prov['load_average_1min']:g} when it started"
+                            if isinstance(prov.get("load_average_1min"), int | float) else "")),
             ("software", f"Python {prov.get('python')}; {libs}"
                          + (f"; CPU fp32 linear: {prov['cpu_linear']}" if prov.get("cpu_linear") else "")
                          + (f"; Quest decode kernel: {prov['quest_kernel']}" if prov.get("quest_kernel") else ""))]
