@@ -69,7 +69,8 @@ class IsaFamily:
             # The C source numbers its paths from the last (scalar = 0) up to the best.
             flags = ["-O3", *self.flags[name], f"-D{self.define}={self.paths[::-1].index(name)}", "-ffp-contract=off",
                      "-fopenmp", "-shared", "-fPIC", "-lm"]
-            so = ctypes.CDLL(str(compile_kernel(self.source, flags)))
+            # the headers beside the source (packed_blocks.h) are part of it: editing one rebuilds
+            so = ctypes.CDLL(str(compile_kernel(self.source, flags, deps=tuple(sorted(self.source.parent.glob("*.h"))))))
             linear, pack, size, got = (self._fn(so, n) for n in ("linear", "pack", "packed_bytes", "path"))
             linear.argtypes, linear.restype = _LINEAR_ARGS, ctypes.c_int
             pack.argtypes, pack.restype = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
