@@ -25,9 +25,7 @@ from pathlib import Path
 import torch
 
 from studylib.cpuinfo import cpu_flags
-from studylib.errors import StudylibError
 from studylib.models.isa_build import IsaFamily
-from studylib.models.quant import kernel_operands
 
 BLOCK = 32
 GROUP = 16  # weight rows per packed group: the 16 fp32 lanes of a 512-bit vector
@@ -47,21 +45,15 @@ def _cpu_flags() -> frozenset[str]:
     return cpu_flags()  # a seam: tests stand in other CPUs here
 
 
-def _bind(so) -> None:
-    so.bf_linear.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_void_p,
-                             ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    so.bf_pack.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-    so.bf_packed_bytes.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    so.bf_packed_bytes.restype = ctypes.c_size_t
+def _bind(so) -> None:  # the export beyond the family's common ones
     so.bf_round.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                             ctypes.c_void_p]
-    so.bf_linear.restype = so.bf_pack.restype = ctypes.c_int
     so.bf_round.restype = None
 
 
 _FAMILY = IsaFamily(source=Path(__file__).parent / "csrc" / "bf16_linear.c", env="STUDYLIB_BF16_ISA", define="BF_PATH",
                     paths=PATHS, needs=_NEEDS, flags=_FLAGS, cpu_flags=lambda: _cpu_flags(), bind=_bind,
-                    path_symbol="bf_path")
+                    prefix="bf", act="bf16", codes=CODES)
 
 
 def available() -> list[str]:
@@ -81,38 +73,17 @@ def lib(name: str | None = None):
 
 def entry() -> int:
     """The address of this path's ``bf_linear`` (the fused step calls it for every linear)."""
-    return ctypes.cast(lib().bf_linear, ctypes.c_void_p).value
+    return _FAMILY.entry()
 
 
 def pack(qt) -> torch.Tensor:
-    """``qt``'s blocks in the kernel's layout (16-row groups, column pairs side by side; same bytes per
-    weight as the GGUF, padded to 16 rows). Memoised on the tensor."""
-    packed = getattr(qt, "_bf_packed", None)
-    if packed is not None:
-        return packed
-    if qt.fmt not in CODES:
-        raise StudylibError(f"bf16 activations take {', '.join(CODES)} weights, not {qt.fmt}.")
-    n, k = qt.shape
-    so = lib("scalar")  # packing is layout only: any build does it the same way
-    out = torch.empty(so.bf_packed_bytes(CODES[qt.fmt], n, k), dtype=torch.uint8)
-    if so.bf_pack(CODES[qt.fmt], qt.data.data_ptr(), n, k, out.data_ptr()):
-        raise StudylibError(f"packing a {qt.fmt} {qt.shape} weight failed")
-    qt._bf_packed = out
-    return out
+    """``qt``'s blocks in this kernel's layout, memoised on the tensor (``IsaFamily.pack``)."""
+    return _FAMILY.pack(qt)
 
 
 def linear(x: torch.Tensor, qt, bias: torch.Tensor | None = None, *, isa: str | None = None) -> torch.Tensor:
     """``x @ qt.T + bias`` with x rounded to bf16: (..., K) -> (..., N) fp32, any row count."""
-    n, k = qt.shape
-    if x.shape[-1] != k:
-        raise ValueError(f"bf16 linear: x has width {x.shape[-1]}, the {qt.fmt} weight {k}")
-    so = lib(isa)
-    wp = pack(qt)
-    x32, bias, y, m = kernel_operands(x, bias, n)
-    if m and so.bf_linear(CODES[qt.fmt], x32.data_ptr(), k, wp.data_ptr(), None if bias is None else bias.data_ptr(),
-                          y.data_ptr(), m, k, n, torch.get_num_threads()):
-        raise StudylibError(f"bf16 linear failed for {qt.fmt} {qt.shape}")
-    return y
+    return _FAMILY.linear(x, qt, bias, isa=isa)
 
 
 def round_activations(x: torch.Tensor) -> torch.Tensor:

@@ -26,9 +26,7 @@ from pathlib import Path
 import torch
 
 from studylib.cpuinfo import cpu_flags
-from studylib.errors import StudylibError
 from studylib.models.isa_build import IsaFamily
-from studylib.models.quant import kernel_operands
 
 BLOCK = 32
 GROUP = 16  # weight rows per packed group (the lanes of a 512-bit vector, the columns of an AMX tile)
@@ -51,21 +49,15 @@ def _cpu_flags() -> frozenset[str]:
     return cpu_flags()  # a seam: tests stand in other CPUs here
 
 
-def _bind(so) -> None:
-    so.i8_linear.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_void_p,
-                             ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    so.i8_pack.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-    so.i8_packed_bytes.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    so.i8_packed_bytes.restype = ctypes.c_size_t
+def _bind(so) -> None:  # the export beyond the family's common ones
     so.i8_quantize.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    so.i8_linear.restype = so.i8_pack.restype = ctypes.c_int
     so.i8_quantize.restype = None
 
 
 _FAMILY = IsaFamily(source=Path(__file__).parent / "csrc" / "int8_linear.c", env="STUDYLIB_INT8_ISA", define="I8_PATH",
                     paths=PATHS, needs=_NEEDS, flags=_FLAGS, cpu_flags=lambda: _cpu_flags(), bind=_bind,
-                    path_symbol="i8_path")
+                    prefix="i8", act="int8", codes=CODES)
 
 
 def available() -> list[str]:
@@ -85,38 +77,17 @@ def lib(name: str | None = None):
 
 def entry() -> int:
     """The address of this path's ``i8_linear`` (the fused step calls it for every linear)."""
-    return ctypes.cast(lib().i8_linear, ctypes.c_void_p).value
+    return _FAMILY.entry()
 
 
 def pack(qt) -> torch.Tensor:
-    """``qt``'s blocks in the kernel's layout (16-row groups, one record per block; same bytes per
-    weight as the GGUF, padded to 16 rows). Memoised on the tensor."""
-    packed = getattr(qt, "_i8_packed", None)
-    if packed is not None:
-        return packed
-    if qt.fmt not in CODES:
-        raise StudylibError(f"int8 activations take {', '.join(CODES)} weights, not {qt.fmt}.")
-    n, k = qt.shape
-    so = lib("scalar")  # packing is layout only: any build does it the same way
-    out = torch.empty(so.i8_packed_bytes(CODES[qt.fmt], n, k), dtype=torch.uint8)
-    if so.i8_pack(CODES[qt.fmt], qt.data.data_ptr(), n, k, out.data_ptr()):
-        raise StudylibError(f"packing a {qt.fmt} {qt.shape} weight failed")
-    qt._i8_packed = out
-    return out
+    """``qt``'s blocks in this kernel's layout, memoised on the tensor (``IsaFamily.pack``)."""
+    return _FAMILY.pack(qt)
 
 
 def linear(x: torch.Tensor, qt, bias: torch.Tensor | None = None, *, isa: str | None = None) -> torch.Tensor:
-    """``x @ qt.T + bias`` with x rounded to int8 per block: (..., K) -> (..., N) fp32, any row count."""
-    n, k = qt.shape
-    if x.shape[-1] != k:
-        raise ValueError(f"int8 linear: x has width {x.shape[-1]}, the {qt.fmt} weight {k}")
-    so = lib(isa)
-    wp = pack(qt)
-    x32, bias, y, m = kernel_operands(x, bias, n)
-    if m and so.i8_linear(CODES[qt.fmt], x32.data_ptr(), k, wp.data_ptr(), None if bias is None else bias.data_ptr(),
-                          y.data_ptr(), m, k, n, torch.get_num_threads()):
-        raise StudylibError(f"int8 linear failed for {qt.fmt} {qt.shape}")
-    return y
+    """``x @ qt.T + bias`` with x rounded to int8: (..., K) -> (..., N) fp32, any row count."""
+    return _FAMILY.linear(x, qt, bias, isa=isa)
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -35,11 +35,14 @@ class Kind:
     readers: tuple[tuple[int, Callable[[Mapping[str, Any]], Figure | None]], ...]
 
 
-def _ci(value: float, low: float | None, high: float | None, n: int | None, unit: str) -> str:
+def _ci(value: float, low: float | None, high: float | None, n: int | None, unit: str, suffix: str = "x",
+        confidence: Any = None) -> str:
+    """The figure with its ``suffix`` ("x", " tok/s") and its CI; a corrected interval names its own level."""
     ci = (low, high) if _finite(low, high) else None
-    text = format_ci(value, ci, n, unit)
-    number, _, rest = text.partition(" (")
-    return f"{number}x" + (f" ({rest}" if rest else "")
+    number, _, rest = format_ci(value, ci, n, unit).partition(" (")
+    if _finite(confidence) and confidence != 0.95:
+        rest = rest.replace("95% CI", f"{100 * confidence:.4g}% CI", 1)
+    return f"{number}{suffix}" + (f" ({rest}" if rest else "")
 
 
 def _finite(*xs: Any) -> bool:
@@ -119,20 +122,12 @@ def _gain_ch07(data: Mapping[str, Any]) -> Figure | None:
     return Figure(7, _ci(v["measured"], ci[0], ci[1], v.get("n"), v.get("unit") or "repeats"), where)
 
 
-def _toks(value: float, low: Any, high: Any, n: Any, unit: str, confidence: Any = None) -> str:
-    ci = (low, high) if _finite(low, high) else None
-    number, _, rest = format_ci(value, ci, n, unit).partition(" (")
-    if _finite(confidence) and confidence != 0.95:  # a corrected interval says its own level
-        rest = rest.replace("95% CI", f"{100 * confidence:.4g}% CI", 1)
-    return f"{number} tok/s" + (f" ({rest}" if rest else "")
-
-
 def _decode_ch01(data: Mapping[str, Any]) -> Figure | None:
     b = ((data.get("measurements") or {}).get("ar_bench") or {}).get("gguf") or {}
     e = b.get("studylib_decode_tok_s") or {}
     if not _finite(e.get("value")):
         return None
-    return Figure(1, _toks(e["value"], e.get("ci_low"), e.get("ci_high"), e.get("n"), "prompts"),
+    return Figure(1, _ci(e["value"], e.get("ci_low"), e.get("ci_high"), e.get("n"), "prompts", " tok/s"),
                   f"the GGUF's 4-bit blocks with fp32 activations, through the generate loop (`studylib bench ar`), "
                   f"decode steps only, {b.get('prompts', '?')} chat prompts x {b.get('max_new_tokens', '?')} new tokens")
 
@@ -146,11 +141,11 @@ def _decode_ch08(data: Mapping[str, Any]) -> Figure | None:
             f"reference on the same path, {r.get('n', '?')} chat prompts")
     i8 = rows.get("gguf@int8")
     if i8 is not None and _finite(i8.get("decode_tok_s")):
-        text += ("; with int8 activations " + _toks(i8["decode_tok_s"], i8.get("decode_tok_s_low"),
-                                                    i8.get("decode_tok_s_high"), i8.get("n"), "prompts",
-                                                    i8.get("confidence")))
-    return Figure(8, _toks(r["decode_tok_s"], r.get("decode_tok_s_low"), r.get("decode_tok_s_high"), r.get("n"),
-                           "prompts", r.get("confidence")), text)
+        text += ("; with int8 activations " + _ci(i8["decode_tok_s"], i8.get("decode_tok_s_low"),
+                                                  i8.get("decode_tok_s_high"), i8.get("n"), "prompts", " tok/s",
+                                                  i8.get("confidence")))
+    return Figure(8, _ci(r["decode_tok_s"], r.get("decode_tok_s_low"), r.get("decode_tok_s_high"), r.get("n"),
+                         "prompts", " tok/s", r.get("confidence")), text)
 
 
 KINDS: tuple[Kind, ...] = (

@@ -52,31 +52,9 @@
 static const char *const path_names[] = {"scalar", "avx2", "avx512bf16"};
 const char *bf_path(void) { return path_names[BF_PATH]; }
 
-#define QK 32
-#define GN 16
-enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
+#include "packed_blocks.h"
 
-static inline int quant_bytes(int fmt) { return fmt == Q8_0 ? 512 : 256; }
-static inline int record_bytes(int fmt) { return (fmt == Q4_1 ? 64 : 32) + quant_bytes(fmt); }
-static inline int qoff(int fmt) { return fmt == Q4_1 ? 64 : 32; }
-
-size_t bf_packed_bytes(int fmt, int N, int K) { return (size_t)((N + GN - 1) / GN) * (K / QK) * record_bytes(fmt); }
-
-static inline float half_to_float(uint16_t h) { /* exact, without F16C */
-    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, bits;
-    if (e == 0) {
-        if (m == 0) bits = s;
-        else {
-            e = 127 - 15 + 1;
-            while (!(m & 1024)) { m <<= 1; e--; }
-            bits = s | (e << 23) | ((m & 1023) << 13);
-        }
-    } else if (e == 31) bits = s | 0x7f800000u | (m << 13);
-    else bits = s | ((e + 127 - 15) << 23) | (m << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
+size_t bf_packed_bytes(int fmt, int N, int K) { return packed_bytes(fmt, N, K); }
 static inline float bf_to_float(uint16_t h) {
     const uint32_t u = (uint32_t)h << 16;
     float f;

@@ -48,34 +48,9 @@
 static const char *const path_names[] = {"scalar", "avx2", "avxvnni", "avx512vnni", "amx"};
 const char *i8_path(void) { return path_names[I8_PATH]; }
 
-#define QK 32
-#define GN 16 /* weight rows per group */
-enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
+#include "packed_blocks.h"
 
-static inline int quant_bytes(int fmt) { return fmt == Q8_0 ? 512 : 256; }
-static inline int record_bytes(int fmt) { return (fmt == Q4_1 ? 64 : 32) + quant_bytes(fmt); }
-static inline int qoff(int fmt) { return fmt == Q4_1 ? 64 : 32; }
-
-size_t i8_packed_bytes(int fmt, int N, int K) {
-    return (size_t)((N + GN - 1) / GN) * (K / QK) * record_bytes(fmt);
-}
-
-/* fp16 -> fp32, exact, without F16C (the scalar build runs anywhere). */
-static inline float half_to_float(uint16_t h) {
-    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, bits;
-    if (e == 0) {
-        if (m == 0) bits = s;
-        else { /* subnormal: renormalise */
-            e = 127 - 15 + 1;
-            while (!(m & 1024)) { m <<= 1; e--; }
-            bits = s | (e << 23) | ((m & 1023) << 13);
-        }
-    } else if (e == 31) bits = s | 0x7f800000u | (m << 13);
-    else bits = s | ((e + 127 - 15) << 23) | (m << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
+size_t i8_packed_bytes(int fmt, int N, int K) { return packed_bytes(fmt, N, K); }
 
 /* GGML blocks (N rows of K/32 blocks) -> the packed layout. Returns 0, or -1 on a bad format/width. */
 int i8_pack(int fmt, const uint8_t *w, int N, int K, uint8_t *out) {
