@@ -40,9 +40,15 @@ def setup(context: str = "notebook") -> None:
         "axes.titlesize": "medium", "axes.titleweight": "bold", "legend.frameon": False,
         "legend.fontsize": "small",
     })
+    from studylib.workbook import figure_check
     from studylib.workbook.tables import install
 
     install()  # every DataFrame a chapter displays goes through one formatting layer
+    # Every figure made from here on is checked after each draw (overlapping labels, look-alike legend
+    # entries); the chapter runner publishes the log beside the chapter's JSON.
+    hook = f"{figure_check.__name__}:watch"
+    mpl.rcParams["figure.hooks"] = [*(h for h in mpl.rcParams["figure.hooks"] if h != hook), hook]
+    figure_check.start_log()
     try:
         from IPython import get_ipython
 

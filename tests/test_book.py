@@ -222,3 +222,16 @@ def test_the_printed_book_opens_with_the_front_matter_and_wraps_wide_tables(tmp_
     assert "overflow-wrap: anywhere" in PRINT_CSS and "@media print" in text
     label = shorten_middle("C9 ch8: decode speed-up over dense fp32, same engine path, gguf+bf16prefill", 50)
     assert len(label) <= 50 and label.endswith("gguf+bf16prefill") and label.startswith("C9 ch8")
+
+
+def test_every_page_names_the_commit_that_measured_it_and_the_one_that_rendered_it(tmp_path):
+    from studylib.bench.provenance import git_state
+
+    out = _study(tmp_path)
+    head = git_state()[0][:12]
+    for name in ("index.html", "ch01.html", "ch02.html"):
+        text = (out / name).read_text()
+        assert "measured at commit" in text, name
+        assert text.count("class='rendered'") == 1 and f"rendered from commit <code>{head}" in text, name
+    book = (out / "book.html").read_text()
+    assert book.count("class='rendered'") == 1  # the pages it gathers do not bring theirs

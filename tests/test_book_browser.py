@@ -35,9 +35,21 @@ def browser():
         b.close()
 
 
-def read_page(browser, path: Path, width: int = 1280) -> dict:
-    """Open ``path`` from the file system and report what a reader would notice."""
+# Every table against its container: a table wider than the box that holds it is cut off on the right
+# (hidden behind a scroll bar on screen, lost in print). Reports the first few offenders.
+_TABLES_JS = """() => [...document.querySelectorAll('table')]
+    .filter(t => t.offsetParent !== null)
+    .map(t => ({w: t.getBoundingClientRect().width, room: t.parentElement.clientWidth,
+                head: (t.querySelector('th') || t).textContent.trim().slice(0, 40)}))
+    .filter(x => x.room > 0 && x.w > x.room + 1)
+    .slice(0, 5)"""
+
+
+def read_page(browser, path: Path, width: int = 1280, media: str = "screen") -> dict:
+    """Open ``path`` from the file system and report what a reader would notice (``media="print"``: as the
+    printer lays it out)."""
     page = browser.new_page(viewport={"width": width, "height": 900})
+    page.emulate_media(media=media)
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -56,6 +68,7 @@ def read_page(browser, path: Path, width: int = 1280) -> dict:
                                                      && f.status === 'loaded'),
         }};
     }}""")
+    facts["wide_tables"] = page.evaluate(_TABLES_JS)
     page.close()
     facts["errors"] = errors
     return facts
@@ -65,6 +78,7 @@ def _check(facts: dict, name: str) -> None:
     assert facts["overflow"] <= 1, f"{name}: the page is {facts['overflow']} px wider than the window"
     assert not facts["broken"], f"{name}: images that did not load: {facts['broken']}"
     assert not facts["errors"], f"{name}: console errors: {facts['errors']}"
+    assert not facts["wide_tables"], f"{name}: tables wider than their container: {facts['wide_tables']}"
 
 
 def _committed_pages() -> list[Path]:
@@ -80,6 +94,18 @@ def test_committed_page_reads_well(browser, path):
     assert facts["zh"] >= 1 and facts["fontLoaded"], f"{path.name}: no Chinese drawn with the embedded font"
     if path.name == "index.html":
         assert facts["images"] >= 1  # the claimed-vs-measured figure
+
+
+# A4 with the printer's default margins leaves about 700 CSS pixels of line.
+PRINT_WIDTH = 700
+
+
+@pytest.mark.parametrize("path", _committed_pages() + [REPORTS / "book.html"], ids=lambda p: p.name)
+def test_committed_page_prints_every_table_whole(browser, path):
+    if not path.exists():
+        pytest.skip(f"{path} is not rendered in this checkout")
+    facts = read_page(browser, path, PRINT_WIDTH, media="print")
+    assert not facts["wide_tables"], f"{path.name} in print: tables wider than the page: {facts['wide_tables']}"
 
 
 def test_a_fresh_small_study_reads_well_narrow_too(browser, tmp_path):

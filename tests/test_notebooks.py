@@ -27,6 +27,8 @@ def test_chapter_runs_in_smoke_profile(chapter, tmp_path):
         assert v["id"] in html and v["verdict"] in html
     assert "IProgress" not in html and "it/s]" not in html  # no progress-bar debris in the report
     assert f"{nn}.html" in (tmp_path / "index.html").read_text()
+    figures = json.loads((tmp_path / f"{nn}.figures.json").read_text())  # studylib.workbook.figure_check
+    assert figures["defects"] == [], "; ".join(figures["defects"])
 
 
 def test_every_chapter_is_in_every_profile():

@@ -59,7 +59,7 @@ def chapter_draft(model, spec: str = "auto", fallback: str | None = None):
     if spec != "auto":
         return resolve_draft(spec, model), f"{spec} (as asked)"
     try:
-        return resolve_draft("distilled", model), "the distilled draft cached by `studylib train-draft`"
+        return resolve_draft("distilled", model), "the distilled draft trained earlier on this machine (studylib train-draft)"
     except StudylibError:
         pass
     found = []

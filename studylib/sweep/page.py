@@ -200,7 +200,7 @@ def write_sweep_page(sweep_dir: Path) -> Path:
                        "</figure>")
     if figs:
         parts.append("<h2>Across the grid</h2>" + "".join(figs))
-    parts.append(f"<p class='meta'>Commit {esc(str(summary.get('commit', ''))[:12])}, updated {esc(summary.get('updated', ''))}"
+    parts.append(f"<p class='meta'>Measured at commit {esc(str(summary.get('commit', ''))[:12])}, updated {esc(summary.get('updated', ''))}"
                  f", {esc(str(summary.get('seconds', '')))} s of sweep wall time.</p>")
     return atomic_write(sweep_dir / "index.html", page(f"Sweep {summary['name']}", "".join(parts), _CSS))
 

@@ -58,6 +58,7 @@ nav.book.bottom { border-top: 1px solid #e1e4e8; border-bottom: none; margin-top
 .same-kind { border-left: 3px solid #c8d1dc; padding: 0.1em 0.9em; margin: 0.6em 0; font-size: 0.92em; }
 .same-kind h4 { margin: 0.3em 0; font-size: 1em; } .same-kind ul { margin: 0.2em 0 0.4em; padding-left: 1.2em; }
 .settings { font-size: 0.85em; color: #555; margin: 0.3em 0 1em; }
+.rendered { font-size: 0.8em; color: #666; margin-top: 2em; border-top: 1px solid #eee; padding-top: 0.4em; }
 .badge { display: inline-block; padding: 1px 7px; border-radius: 4px; font-size: 0.9em; white-space: nowrap;
          font-weight: bold; }
 .holds { background: #d9f2d9; } .cond { background: #fff1c2; } .unsure { background: #e4e4f0; }
@@ -97,13 +98,27 @@ _IMPORT_LINE = re.compile(r"^(import\s|from\s+\S+\s+import\s)")
 
 def css(extra: str = "") -> str:
     stack = FONT_STACK
-    return font_face_css() + _BASE_CSS.replace("FONTS", stack).replace('"FONT"', f'"{FONT_FAMILY}"') + extra
+    return (font_face_css() + _BASE_CSS.replace("FONTS", stack).replace('"FONT"', f'"{FONT_FAMILY}"') + PRINT_CSS
+            + extra)
+
+
+def rendered_note() -> str:
+    """The commit this page was rendered from, which may be later than the commit that measured its numbers
+    (named in its settings line): the book is re-rendered without rerunning a chapter."""
+    from studylib.bench.provenance import git_state
+
+    commit, dirty = git_state()
+    return (f"<p class='rendered'>Page rendered from commit <code>{html.escape(commit_label({'git_commit': commit, 'git_dirty': dirty}))}"
+            "</code>; its numbers were measured at the commit its settings name.</p>")
+
+
+_RENDERED = re.compile(r"<p class='rendered'>.*?</p>", re.S)
 
 
 def page(title: str, body: str, extra_css: str = "", script: str = "") -> str:
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' "
             f"content='width=device-width, initial-scale=1'><title>{html.escape(title)}</title>"
-            f"<style>{css(extra_css)}</style></head><body>{body}"
+            f"<style>{css(extra_css)}</style></head><body>{_RENDERED.sub('', body)}{rendered_note()}"
             + (f"<script>{script}</script>" if script else "") + "</body></html>")
 
 
@@ -213,7 +228,7 @@ def settings_line(data: Mapping[str, Any]) -> str:
             f"profile {params.get('profile')}" if params.get("profile") else "",
             f"{prov.get('cpu')}" + (f" (ISA {isa})" if isa else "") if prov.get("cpu") else "",
             f"GPU {prov['gpu']}" if prov.get("gpu") else "",
-            f"commit {commit_label(prov)}" if prov.get("git_commit") else "",
+            f"measured at commit {commit_label(prov)}" if prov.get("git_commit") else "",
             str(prov.get("date", ""))[:10]]
     return "<p class='settings'>Run: " + html.escape(" · ".join(b for b in bits if b and b != "None threads")) + \
         ". Full settings in the appendix at the end.</p>"
@@ -458,7 +473,7 @@ def write_print_page(out: Path, chapters: Sequence[tuple[int, str]]) -> Path:
         body = re.sub(r"<nav class='book[^']*'>.*?</nav>", "", body, flags=re.S)
         parts.append(f"<section class='chapter' id='ch{c:02d}'>{body}</section>")
     style = ("section.chapter { break-before: page; } details.appendix { display: none; } "
-             ".input_area pre { white-space: pre-wrap; } section.front h2 { break-after: avoid; } " + PRINT_CSS)
+             ".input_area pre { white-space: pre-wrap; } section.front h2 { break-after: avoid; } ")
     toc = "".join(f"<li><a href='#ch{c:02d}'>{html.escape(t)}</a></li>" for c, t in chapters)
     from pygments.formatters import HtmlFormatter
 
@@ -469,7 +484,8 @@ def write_print_page(out: Path, chapters: Sequence[tuple[int, str]]) -> Path:
 
 
 # Printed, a table cannot scroll: it wraps its cells and shrinks its type to fit the page width instead
-# of losing its right-hand columns (and no scroll bar is printed).
+# of losing its right-hand columns (and no scroll bar is printed). Part of every page's style, so a chapter
+# printed from the browser fits too, not only book.pdf.
 PRINT_CSS = """
 @media print {
   .table-wrap, .output_html, .output_subarea, .output_area, div.jp-RenderedHTMLCommon {

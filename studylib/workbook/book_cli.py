@@ -33,4 +33,11 @@ def run(args: argparse.Namespace) -> int:
         written.append(print_pdf(out, args.chromium))
         write_front_page(out, read_index(out))  # again, now that there is a book.pdf to link
     print(f"wrote {len(written)} pages into {out} (open {out / 'index.html'})")
+    import sys
+
+    from studylib.workbook.page_check import book_defects
+
+    for page, defects in book_defects(out).items():  # a warning: the pages are written either way
+        for d in defects:
+            print(f"{page}: {d}", file=sys.stderr)
     return 0

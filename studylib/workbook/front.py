@@ -123,7 +123,7 @@ def what_was_run(out: Path, index: Mapping[str, Any]) -> str:
     return (f"<p>Every chapter ran the model <b>{html.escape(str(model))}</b> "
             f"({html.escape(str(params.get('dtype', 'default precision')))}) {where}, "
             f"profile <b>{html.escape(str(index.get('profile')))}</b>, {html.escape(when)}, "
-            f"from commit{'s' * (len(commits) > 1)} {', '.join(f'<code>{html.escape(c)}</code>' for c in commits)}; "
+            f"measured at commit{'s' * (len(commits) > 1)} {', '.join(f'<code>{html.escape(c)}</code>' for c in commits)}; "
             f"torch {html.escape(', '.join(torch_versions))}. The chapters took "
             f"{_duration(seconds)} in all (each chapter's time is in the table below).</p>"
             + _native_format_note(str(model), 8 in saved))

@@ -223,6 +223,16 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _warn_figure_defects(log: Path, nn: str) -> None:
+    """One line on stderr per defect the figure check found; the log itself is published with the chapter."""
+    try:
+        defects = json.loads(log.read_text(encoding="utf-8"))["defects"]
+    except (OSError, ValueError, KeyError):
+        return
+    for d in defects:
+        print(f"{nn}: figure defect: {d}", file=sys.stderr)
+
+
 def run_chapter(notebook: Path, chapter: int, params: dict[str, Any], out_dir: Path, kernel_name: str,
                 cell_timeout: float | None = None, dirty: bool = False) -> ChapterRun:
     """Execute one notebook; publish its outputs only if it succeeded. Never raises for a failed cell.
@@ -230,6 +240,7 @@ def run_chapter(notebook: Path, chapter: int, params: dict[str, Any], out_dir: P
     import nbformat
     import papermill as pm
 
+    from studylib.workbook import figure_check
     from studylib.workbook.render import render_html
 
     nn = f"ch{chapter:02d}"
@@ -243,7 +254,9 @@ def run_chapter(notebook: Path, chapter: int, params: dict[str, Any], out_dir: P
     error = None
     try:
         warn = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), QUIET_WARNINGS) if w)
-        with _env({**QUIET_ENV, "PYTHONWARNINGS": warn}):
+        # The kernel's figure checks (studylib.workbook.figure_check) go beside the chapter's JSON.
+        figures = {figure_check.LOG_ENV: str(stage / f"{nn}.figures.json")}
+        with _env({**QUIET_ENV, "PYTHONWARNINGS": warn, **figures}):
             pm.execute_notebook(str(notebook), str(executed), parameters=params, kernel_name=kernel_name,
                                 cwd=str(notebook.parent), progress_bar=False, log_output=False,
                                 execution_timeout=cell_timeout)
@@ -256,6 +269,7 @@ def run_chapter(notebook: Path, chapter: int, params: dict[str, Any], out_dir: P
     try:
         nb = nbformat.read(str(executed), as_version=4) if executed.exists() else None
         if error is None:
+            _warn_figure_defects(stage / f"{nn}.figures.json", nn)
             _publish_tree(stage, out_dir)
             atomic_write(out_dir / f"{nn}.html", render_html(nb, dirty=dirty))
             os.replace(executed, out_dir / f"{nn}.ipynb")

@@ -128,7 +128,7 @@ def _decode_ch01(data: Mapping[str, Any]) -> Figure | None:
     if not _finite(e.get("value")):
         return None
     return Figure(1, _ci(e["value"], e.get("ci_low"), e.get("ci_high"), e.get("n"), "prompts", " tok/s"),
-                  f"the GGUF's 4-bit blocks with fp32 activations, through the generate loop (`studylib bench ar`), "
+                  f"the GGUF's 4-bit blocks with fp32 activations, through the generate loop of the side-by-side benchmark, "
                   f"decode steps only, {b.get('prompts', '?')} chat prompts x {b.get('max_new_tokens', '?')} new tokens")
 
 

@@ -1,0 +1,135 @@
+"""Text defects of a rendered page a reader would trip over, found by reading the HTML the book wrote.
+
+The classes (each was on a committed page once):
+- a parameter name in a sentence where its value belongs ("at least ``speed_bar`` times as fast"), or
+  markdown backticks that were never rendered;
+- a table header in snake_case (``step_ms_low``), a pandas index printed as a column ("index"), or a
+  MultiIndex header printed as a tuple ("('rows', '')");
+- a cell that reads "nan", "None", "<NA>" or "NaT" instead of saying what is missing.
+
+Code is allowed to be code: code cells, ``<pre>`` blocks, the appendix's table of every parameter and
+the settings line are not read. :func:`page_defects` returns one line per defect; ``studylib book``
+prints them and the tests fail on any in the committed study.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from html.parser import HTMLParser
+
+# snake_case: words joined by underscores, a later one with a letter ("step_ms_low", "kv_int8"); a block
+# format's name ("q4_1", "q8_0") is a name a reader is taught, not a variable.
+SNAKE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*_[a-z0-9]*[a-z][a-z0-9]*$")
+BACKTICKS = re.compile(r"`[^`\s][^`]*`")
+MISSING = {"nan", "NaN", "None", "<NA>", "NaT", "null"}
+# Elements whose whole content is code or the run's raw settings, never prose.
+_SKIP_TAGS = {"script", "style", "pre", "svg"}
+_SKIP_CLASSES = {"highlight", "input", "input_area", "kv", "appendix", "settings", "rendered", "studylib-code"}
+_VOID = {"br", "img", "hr", "meta", "link", "input", "col", "wbr", "source", "area", "base", "embed", "param",
+         "track"}
+
+
+class _Reader(HTMLParser):
+    def __init__(self, params: set[str]) -> None:
+        super().__init__(convert_charrefs=True)
+        self.params = params
+        self.stack: list[tuple[str, bool]] = []  # (tag, whether it starts a skipped region)
+        self.skip = 0
+        self.cell: list[str] | None = None  # text of the open <th>/<td>
+        self.cell_tag = ""
+        self.code: list[str] | None = None
+        self.defects: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        if tag in _VOID:
+            return
+        classes = set((dict(attrs).get("class") or "").split())
+        skips = tag in _SKIP_TAGS or bool(classes & _SKIP_CLASSES)
+        self.stack.append((tag, skips))
+        self.skip += skips
+        if self.skip:
+            return
+        if tag in ("th", "td", "tr") and self.cell is not None:
+            self._close(self.cell_tag)  # a cell HTML left open ends where the next one starts
+        if tag in ("th", "td"):
+            self.cell, self.cell_tag = [], tag
+        elif tag == "code":
+            self.code = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in _VOID:
+            return
+        # Close up to the matching open tag (HTML in the wild omits some end tags); a stray end tag is ignored.
+        if all(t != tag for t, _ in self.stack):
+            return
+        while self.stack:
+            open_tag, skips = self.stack.pop()
+            self.skip -= skips
+            if not self.skip and not skips:
+                self._close(open_tag)
+            if open_tag == tag:
+                break
+
+    def _close(self, tag: str) -> None:
+        if tag == "code" and self.code is not None:
+            text = "".join(self.code).strip()
+            if text in self.params:
+                self.defects.append(f"the parameter name {text!r} stands in a sentence; write its value or say "
+                                    "what it means")
+            self.code = None
+        elif tag in ("th", "td") and self.cell is not None and tag == self.cell_tag:
+            text = " ".join("".join(self.cell).split())
+            if text in MISSING:
+                self.defects.append(f"a table cell reads {text!r}; say what is missing (a dash, 'not measured')")
+            if tag == "th":
+                if SNAKE.match(text):
+                    self.defects.append(f"a table header reads {text!r} (snake_case); give it words")
+                elif text.lower() == "index":
+                    self.defects.append("a table prints its index as a column named 'index'")
+                elif text.startswith("(") and "'," in text:
+                    self.defects.append(f"a table header is a printed tuple {text!r}; flatten it")
+            self.cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self.skip:
+            return
+        if self.cell is not None:
+            self.cell.append(data)
+        if self.code is not None:
+            self.code.append(data)
+        elif BACKTICKS.search(data):
+            self.defects.append(f"unrendered backticks in {BACKTICKS.search(data).group(0)!r}")
+
+
+def page_defects(html: str, params: Iterable[str] = ()) -> list[str]:
+    """Every text defect of one rendered page, once each, in reading order. ``params``: the parameter
+    names of the chapter(s) the page shows (a name in a sentence is a template leak)."""
+    reader = _Reader({p for p in params if p})
+    reader.feed(html)
+    reader.close()
+    return list(dict.fromkeys(reader.defects))
+
+
+def book_defects(out) -> dict[str, list[str]]:
+    """Every page of a report folder (chapters, front page, sweep pages) -> its defects (pages with none are
+    left out). A chapter page is read with its own parameter names; the others with every chapter's."""
+    import json
+    from pathlib import Path
+
+    out = Path(out)
+    params: dict[str, set[str]] = {}
+    for j in sorted(out.glob("ch[0-9][0-9].json")):
+        try:
+            params[j.stem] = set(json.loads(j.read_text(encoding="utf-8")).get("params") or {})
+        except (OSError, ValueError):
+            params[j.stem] = set()
+    every = set().union(*params.values()) if params else set()
+    pages = sorted(out.glob("ch[0-9][0-9].html")) + [out / "index.html"] + sorted(out.glob("sweeps/*/index.html"))
+    found = {}
+    for page in pages:
+        if page.exists():
+            d = page_defects(page.read_text(encoding="utf-8"), params.get(page.stem, every))
+            if d:
+                found[str(page.relative_to(out))] = d
+    return found

@@ -1,0 +1,77 @@
+"""The rendered-text scan finds each class of defect (a parameter name in a sentence, unrendered backticks,
+snake_case / index / tuple headers, nan and None cells), leaves code and the settings appendix alone, and
+the committed study has none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from studylib.workbook.page_check import book_defects, page_defects
+
+REPORTS = Path(__file__).resolve().parents[1] / "reports" / "cpu"
+
+
+def test_a_parameter_name_in_a_sentence_is_found_and_other_code_is_not():
+    html = "<p>Each method must be at least <code>speed_bar</code> times as fast as <code>generate</code>.</p>"
+    assert page_defects(html, {"speed_bar", "repeats"}) == [
+        "the parameter name 'speed_bar' stands in a sentence; write its value or say what it means"]
+    assert page_defects(html, {"repeats"}) == []
+
+
+def test_unrendered_backticks_are_found():
+    assert page_defects("<p>timed by `studylib bench ar` here</p>")[0].startswith("unrendered backticks")
+    assert page_defects("<p>no code here, only a quote `</p>") == []
+
+
+@pytest.mark.parametrize("header, found", [
+    ("step_ms_low", "snake_case"), ("index", "index"), ("('rows', '')", "tuple"),
+    ("step ms (low)", None), ("TTFT speedup", None), ("q4_1", None), ("kv_int8", "snake_case"),
+])
+def test_table_headers(header, found):
+    got = page_defects(f"<table><thead><tr><th>{header}</th></tr></thead><tbody><tr><td>1</td></tr></tbody></table>")
+    assert (found in got[0]) if found else got == [], got
+
+
+@pytest.mark.parametrize("cell", ["nan", "None", "NaN", "&lt;NA&gt;"])
+def test_missing_values_printed_raw_are_found(cell):
+    got = page_defects(f"<table><tr><th>x</th></tr><tr><td> {cell} </td></tr></table>")
+    assert len(got) == 1 and "table cell reads" in got[0]
+
+
+def test_code_cells_pre_blocks_and_the_appendix_are_not_read():
+    html = ("<div class='input'><div class='highlight'><pre>speed_bar = 2  # `x`</pre></div></div>"
+            "<pre>None nan</pre>"
+            "<details class='appendix'><table class='kv'><tr><th>speed_bar</th><td><code>2</code></td></tr>"
+            "<tr><th>max_new_tokens</th><td>None</td></tr></table></details>"
+            "<p class='settings'>Run: <code>speed_bar</code></p>")
+    assert page_defects(html, {"speed_bar", "max_new_tokens"}) == []
+    # ...and reading resumes after them
+    assert page_defects(html + "<p><code>speed_bar</code></p>", {"speed_bar"})
+
+
+def test_unclosed_and_stray_tags_do_not_derail_the_reader():
+    html = "<p>one <b>two</p></span><table><tr><th>ci_low<td>1</table><p><code>repeats</code>"
+    got = page_defects(html, {"repeats"})
+    assert any("ci_low" in d for d in got) and any("'repeats'" in d for d in got)
+
+
+def test_book_defects_reads_each_chapter_with_its_own_parameters(tmp_path):
+    import json
+
+    (tmp_path / "ch01.json").write_text(json.dumps({"params": {"speed_bar": 2}}))
+    (tmp_path / "ch02.json").write_text(json.dumps({"params": {"depth": 4}}))
+    (tmp_path / "ch01.html").write_text("<p><code>depth</code> and <code>speed_bar</code></p>")
+    (tmp_path / "ch02.html").write_text("<p><code>depth</code></p>")
+    (tmp_path / "index.html").write_text("<p><code>depth</code></p>")
+    got = book_defects(tmp_path)
+    assert set(got) == {"ch01.html", "ch02.html", "index.html"}
+    assert len(got["ch01.html"]) == 1 and "speed_bar" in got["ch01.html"][0]
+
+
+def test_the_committed_study_reads_clean():
+    if not (REPORTS / "index.html").exists():
+        pytest.skip("reports/cpu is not rendered in this checkout")
+    found = book_defects(REPORTS)
+    assert not found, "\n".join(f"{page}: {d}" for page, ds in found.items() for d in ds)
