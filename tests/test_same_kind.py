@@ -97,3 +97,27 @@ def test_decode_speed_in_chapters_1_and_8_stands_with_its_path_and_level(tmp_pat
     assert "Single-stream decode speed" in page1 and "147 tok/s" in page1 and "137 tok/s" in page1
     assert "generate loop" in page1 and "fused C step" in page1 and "99.38% CI" in page1
     assert "with int8 activations 213 tok/s" in page1
+
+
+def test_the_draft_cost_and_the_modelled_speculative_gain_stand_with_their_drafter_and_source(tmp_path):
+    _write(tmp_path, 2, {"params": {"weights": "gguf", "act": "int8", "headline": "eagle@5,4,16"},
+                         "measurements": {"headline": "eagle@5,4,16", "eagle_trees": [
+                             {"method": "eagle@3", "c": 0.3, "prompts": 12},
+                             {"method": "eagle@5,4,16", "c": 0.52, "prompts": 12}]}})
+    _write(tmp_path, 5, {"measurements": {
+        "speculative_inputs": {"alpha": 0.14, "gamma": 4, "draft_cost": 0.151, "source": "chapter 2's run (x)"},
+        "c8": [{"batch": 4, "speculative_gain": 0.39}, {"batch": 1, "speculative_gain": 0.64}]}})
+    _write(tmp_path, 7, {"params": {"draft": "self:exit:25", "weights": "gguf"}, "measurements": {
+        "alpha": {"alpha": 0.15, "cost_ratio": 0.466, "requests": 50, "source": "this chapter's runs"},
+        "spec_gain_vs_batch": [{"batch": 1, "gain": 0.38, "gain_low": 0.36, "gain_high": 0.41}]}})
+    found = {k.name: figs for k, figs in same_kind.figures(tmp_path)}
+    cost = {f.chapter: f for f in found["Draft cost c: one draft forward, in target forwards"]}
+    assert cost[2].value.startswith("0.52") and "eagle@5,4,16" in cost[2].conditions  # the headline's row
+    assert "int8 activations" in cost[2].conditions
+    assert cost[5].value == "0.151" and "not measured there" in cost[5].conditions
+    assert cost[7].value.startswith("0.466") and "self:exit:25" in cost[7].conditions
+    gain = {f.chapter: f for f in found["Speculative gain at batch 1, from the batching model"]}
+    assert gain[5].value == "0.64x" and "batch 1" in gain[5].conditions  # the smallest batch, not the first row
+    assert gain[7].value == "0.38x" and "0.36 to 0.41" in gain[7].conditions
+    page = same_kind.block(tmp_path, 5)
+    assert "differ because" in page and "Chapter 7" in page

@@ -90,7 +90,7 @@ def speculative_inputs(out_dir: str | Path, alpha: float, gamma: int, draft_cost
     """alpha (and the draft cost ratio, gamma) from ``<out_dir>/ch02.json`` when chapter 2 recorded them,
     else the given parameters. Prefers rows of a draft-model method ("speculative"/"distilled")."""
     path = reports_folder(out_dir) / "ch02.json"
-    out = {"alpha": alpha, "gamma": gamma, "draft_cost": draft_cost, "source": "parameters (no ch02.json)"}
+    out = {"alpha": alpha, "gamma": gamma, "draft_cost": draft_cost, "source": "the parameters (chapter 2 has not run)"}
     if not path.is_file():
         return out
     found: list[dict] = []
@@ -104,7 +104,7 @@ def speculative_inputs(out_dir: str | Path, alpha: float, gamma: int, draft_cost
         [d for d in found if any(w in str(d.get("method", d.get("spec", ""))).lower()
                                  for w in ("speculative", "distil", "draft", "sps"))]
     if not spec:
-        out["source"] = "parameters (ch02.json has no alpha)"
+        out["source"] = "the parameters (chapter 2 measured no acceptance rate)"
         return out
     out["alpha"] = float(pd.Series([d["alpha"] for d in spec]).median())
     # chapter 2 records the draft's measured cost per forward relative to the target as ``measured_c``
@@ -113,11 +113,11 @@ def speculative_inputs(out_dir: str | Path, alpha: float, gamma: int, draft_cost
              for k in ("measured_c", "cost_ratio") if isinstance(d.get(k), int | float) and d[k] > 0]
     if costs:
         out["draft_cost"] = float(costs[0])
-        out["source"] = (f"ch02.json (alpha of {', '.join(str(d.get('method')) for d in spec)}; "
-                         "draft cost measured_c of the distilled draft)")
+        out["source"] = (f"chapter 2's run (the acceptance of {', '.join(str(d.get('method')) for d in spec)}; "
+                         "the distilled draft's measured cost)")
     else:
-        out["source"] = (f"ch02.json (alpha of {', '.join(str(d.get('method')) for d in spec)}); draft cost from "
-                         "the parameters: ch02.json has no measured_c")
+        out["source"] = (f"chapter 2's run (the acceptance of {', '.join(str(d.get('method')) for d in spec)}); "
+                         "the draft cost from the parameters, as chapter 2 measured none")
     return out
 
 

@@ -148,6 +148,61 @@ def _decode_ch08(data: Mapping[str, Any]) -> Figure | None:
                          "prompts", " tok/s", r.get("confidence")), text)
 
 
+def _cost_ch02(data: Mapping[str, Any]) -> Figure | None:
+    m, p = data.get("measurements") or {}, data.get("params") or {}
+    head = m.get("headline") or p.get("headline")
+    r = next((r for r in m.get("eagle_trees") or [] if r.get("method") == head and _finite(r.get("c"))), None)
+    if r is None:
+        return None
+    return Figure(2, _ci(r["c"], None, None, r.get("prompts"), "prompts", ""),
+                  f"one forward of the drafter chapter 2 decides on ({head}) / one AR step of the same engine "
+                  f"({p.get('weights', 'dense')} weights, {p.get('act', 'fp32')} activations), one request at a time")
+
+
+def _cost_ch05(data: Mapping[str, Any]) -> Figure | None:
+    s = (data.get("measurements") or {}).get("speculative_inputs") or {}
+    if not _finite(s.get("draft_cost")):
+        return None
+    return Figure(5, f"{s['draft_cost']:.3g}", f"an input of chapter 5's batching model, not measured there; "
+                                               f"taken from {s.get('source', 'its parameters')}")
+
+
+def _cost_ch07(data: Mapping[str, Any]) -> Figure | None:
+    a = (data.get("measurements") or {}).get("alpha") or {}
+    if not _finite(a.get("cost_ratio")):
+        return None
+    p = data.get("params") or {}
+    return Figure(7, _ci(a["cost_ratio"], None, None, a.get("requests") or None, "requests", ""),
+                  f"the stack's drafter ({p.get('draft', 'auto')}) timed inside chapter 7's own runs, a draft "
+                  f"forward / a target forward of its engine ({p.get('weights', 'dense')} weights); "
+                  f"source: {a.get('source', '?')}")
+
+
+def _spec_gain_ch05(data: Mapping[str, Any]) -> Figure | None:
+    m = data.get("measurements") or {}
+    rows = [r for r in m.get("c8") or [] if _finite(r.get("speculative_gain"), r.get("batch"))]
+    s = m.get("speculative_inputs") or {}
+    if not rows or not _finite(s.get("alpha"), s.get("draft_cost")):
+        return None
+    r = min(rows, key=lambda r: r["batch"])
+    return Figure(5, f"{r['speculative_gain']:.3g}x", f"a model at batch {r['batch']}: acceptance {s['alpha']:.2f}, "
+                  f"{s.get('gamma', '?')} drafts per step, draft cost {s['draft_cost']:.3g}, verify cost measured "
+                  "on chapter 5's engine")
+
+
+def _spec_gain_ch07(data: Mapping[str, Any]) -> Figure | None:
+    m = data.get("measurements") or {}
+    rows = [r for r in m.get("spec_gain_vs_batch") or [] if _finite(r.get("gain"), r.get("batch"))]
+    a = m.get("alpha") or {}
+    if not rows or not _finite(a.get("alpha"), a.get("cost_ratio")):
+        return None
+    r = min(rows, key=lambda r: r["batch"])
+    span = (f" (from the ends of the acceptance CI: {r['gain_low']:.3g} to {r['gain_high']:.3g})"
+            if _finite(r.get("gain_low"), r.get("gain_high")) and r["gain_low"] != r["gain_high"] else "")
+    return Figure(7, f"{r['gain']:.3g}x", f"a model at batch {r['batch']}{span}: acceptance {a['alpha']:.2f}, "
+                  f"draft cost {a['cost_ratio']:.3g}, both from {a.get('source', '?')}")
+
+
 KINDS: tuple[Kind, ...] = (
     Kind("Prefix-cache gain in time to first token",
          "the longer the shared prefix and the larger its share of the prompt, the more prefill the cache skips; "
@@ -161,6 +216,15 @@ KINDS: tuple[Kind, ...] = (
          "the chapters time it on different paths (the generate loop with its per-token Python work, or the "
          "decode steps alone), at different contexts and lengths, and with fp32 or int8 activations",
          ((1, _decode_ch01), (8, _decode_ch08))),
+    Kind("Draft cost c: one draft forward, in target forwards",
+         "each chapter's drafter and engine differ: chapter 2 times the drafter it decides claim C3 on against "
+         "an AR step of its own engine; chapter 5 does not measure c but feeds chapter 2's figure (or its "
+         "parameters) to its batching model; chapter 7 times its stack's drafter inside its own runs",
+         ((2, _cost_ch02), (5, _cost_ch05), (7, _cost_ch07))),
+    Kind("Speculative gain at batch 1, from the batching model",
+         "both are the same model (tokens per step from the acceptance, over the cost of drafting and "
+         "verifying), fed different acceptance rates and draft costs (see the draft cost above)",
+         ((5, _spec_gain_ch05), (7, _spec_gain_ch07))),
 )
 
 
