@@ -354,9 +354,9 @@ def test_chapter_helpers_read_the_numbers(tmp_path):
     staging.mkdir(parents=True)
     assert inter.speculative_inputs(staging, 0.7, 4, 0.1)["alpha"] == 0.7
     (tmp_path / "ch02.json").write_text(json.dumps({"measurements": {"overall": [
-        {"method": "speculative:distilled", "alpha": 0.6}, {"method": "prompt-lookup", "alpha": 0.2}]}}))
+        {"method": "sps:distilled@4", "alpha": 0.6}, {"method": "prompt-lookup", "alpha": 0.2}]}}))
     spec = inter.speculative_inputs(staging, 0.7, 4, 0.1)
-    assert spec["alpha"] == 0.6 and "ch02.json" in spec["source"]
+    assert spec["alpha"] == 0.6 and "chapter 2" in spec["source"]
 
 
 def test_speculative_inputs_read_chapter_2s_distilled_draft_only(tmp_path):
@@ -370,7 +370,31 @@ def test_speculative_inputs_read_chapter_2s_distilled_draft_only(tmp_path):
         "draft_table": [{"draft": "target", "measured_c": 1.0}, {"draft": "distilled", "measured_c": 0.157}]}}))
     spec = inter.speculative_inputs(staging, 0.7, 4, 0.1)
     assert spec["alpha"] == 0.17  # not the median with self-speculation's 0.94
-    assert spec["draft_cost"] == 0.157 and "measured_c" in spec["source"]
+    assert spec["draft_cost"] == 0.157 and "measured cost" in spec["source"]
+    assert spec["tokens_per_step"] is None and spec["verify_tokens"] == 5  # a chain of gamma = 4
+
+
+def test_the_batching_model_describes_chapter_2s_headline_drafter_when_it_ran(tmp_path):
+    from studylib.experiments import ch05_interplay as inter
+
+    staging = tmp_path / ".staging" / "ch05"
+    staging.mkdir(parents=True)
+    (tmp_path / "ch02.json").write_text(json.dumps({"measurements": {
+        "headline": "eagle@5,4,16",
+        "overall": [{"method": "sps:distilled@4", "alpha": 0.17}, {"method": "eagle@5,4,16", "alpha": 0.33}],
+        "draft_table": [{"draft": "distilled", "measured_c": 0.157}],
+        "eagle_trees": [{"method": "eagle@3", "c": 0.3, "tau": 1.4, "verify_tokens": 4, "draft_forwards_per_step": 3},
+                        {"method": "eagle@5,4,16", "depth": 5, "c": 0.52, "tau": 1.5, "verify_tokens": 17,
+                         "draft_forwards_per_step": 5.0}]}}))
+    spec = inter.speculative_inputs(staging, 0.7, 4, 0.1)
+    assert spec["drafter"] == "eagle@5,4,16" and spec["draft_cost"] == 0.52 and spec["tokens_per_step"] == 1.5
+    assert spec["verify_tokens"] == 17 and spec["draft_forwards"] == 5.0 and spec["alpha"] == 0.33
+    assert "eagle@5,4,16" in inter.speculative_inputs_text(spec)
+    # The tree's verify step (17 tokens) is read off the curve, and the measured tau replaces the chain formula.
+    step = pd.DataFrame([{"batch": 1, "tokens_per_seq": 1, "step_s": 1.0}, {"batch": 1, "tokens_per_seq": 17, "step_s": 2.0}])
+    c8 = inter.c8_table(step, spec["alpha"], spec["gamma"], spec["draft_cost"], spec["tokens_per_step"],
+                        spec["verify_tokens"], spec["draft_forwards"]).set_index("batch")
+    assert c8.loc[1, "speculative_gain"] == pytest.approx(1.5 / (2.0 + 5.0 * 0.52))
 
 
 def test_c5_needs_both_gains_and_c8_is_measured_per_repeat():

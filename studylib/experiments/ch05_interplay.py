@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,26 +87,49 @@ def _find_alpha(node: Any, found: list[dict]) -> None:
 
 
 def speculative_inputs(out_dir: str | Path, alpha: float, gamma: int, draft_cost: float) -> dict:
-    """alpha (and the draft cost ratio, gamma) from ``<out_dir>/ch02.json`` when chapter 2 recorded them,
-    else the given parameters. Prefers rows of a draft-model method ("speculative"/"distilled")."""
+    """The drafter the batching model describes, from ``<out_dir>/ch02.json`` when chapter 2 measured it, else
+    the given parameters (labelled). In order of preference:
+
+    1. chapter 2's headline method (the drafter claim C3 is decided on, the shipped EAGLE head by default),
+       with its measured tokens per target forward, its draft cost c and draft forwards per step, and its
+       verify block (a tree verifies all its nodes at once): so chapter 5 models the same drafter chapter
+       2 measured, not another;
+    2. the distilled draft's acceptance and measured cost (a chain of ``gamma`` drafts);
+    3. the parameters.
+
+    Returns alpha, gamma, draft_cost, source, and the model's inputs ``tokens_per_step`` (None: from alpha
+    and gamma), ``verify_tokens`` and ``draft_forwards``."""
     path = reports_folder(out_dir) / "ch02.json"
-    out = {"alpha": alpha, "gamma": gamma, "draft_cost": draft_cost, "source": "the parameters (chapter 2 has not run)"}
+    out = {"alpha": alpha, "gamma": gamma, "draft_cost": draft_cost, "source": "the parameters (chapter 2 has not run)",
+           "drafter": "a chain drafter from the parameters", "tokens_per_step": None, "verify_tokens": gamma + 1,
+           "draft_forwards": gamma}
     if not path.is_file():
         return out
     found: list[dict] = []
     meas = load_chapter(path).get("measurements", {})
+    head = meas.get("headline")
+    row = next((r for r in meas.get("overall") or [] if isinstance(r, dict) and r.get("method") == head), None)
+    tree = next((r for r in meas.get("eagle_trees") or [] if isinstance(r, dict) and r.get("method") == head), None)
+    if row and tree and all(isinstance(tree.get(k), int | float) and tree[k] > 0
+                            for k in ("c", "tau", "verify_tokens", "draft_forwards_per_step")):
+        a = row.get("alpha")
+        return {"alpha": float(a) if isinstance(a, int | float) else alpha, "gamma": int(tree.get("depth") or gamma),
+                "draft_cost": float(tree["c"]), "drafter": str(head),
+                "tokens_per_step": float(tree["tau"]), "verify_tokens": int(tree["verify_tokens"]),
+                "draft_forwards": float(tree["draft_forwards_per_step"]),
+                "source": f"chapter 2's run of its headline drafter {head} (tokens per target forward, draft cost c "
+                          "and draft forwards per step as measured there)"}
     _find_alpha(meas.get("overall", []), found)  # chapter 2's per-method summary over all workloads
     if not found:
         _find_alpha(meas, found)
     # Only the draft-model rows of the distilled draft: self-speculation (alpha ~0.9) and prompt lookup
     # are other methods, and a median across them would describe no method at all.
-    spec = [d for d in found if str(d.get("method", d.get("spec", ""))).lower().startswith("sps:distilled@")] or \
-        [d for d in found if any(w in str(d.get("method", d.get("spec", ""))).lower()
-                                 for w in ("speculative", "distil", "draft", "sps"))]
+    spec = [d for d in found if str(d.get("method", d.get("spec", ""))).lower().startswith("sps:distilled@")]
     if not spec:
-        out["source"] = "the parameters (chapter 2 measured no acceptance rate)"
+        out["source"] = "the parameters (chapter 2 measured neither its headline drafter nor the distilled draft)"
         return out
     out["alpha"] = float(pd.Series([d["alpha"] for d in spec]).median())
+    out["drafter"] = "the distilled draft"
     # chapter 2 records the draft's measured cost per forward relative to the target as ``measured_c``
     # in its draft table (``cost_ratio`` in older files)
     costs = [d[k] for d in meas.get("draft_table", []) if isinstance(d, dict) and d.get("draft") == "distilled"
@@ -121,21 +144,39 @@ def speculative_inputs(out_dir: str | Path, alpha: float, gamma: int, draft_cost
     return out
 
 
+def speculative_inputs_text(spec: Mapping[str, Any]) -> str:
+    """One sentence on what the batching model is fed, formatted from ``speculative_inputs``."""
+    if spec.get("tokens_per_step") is not None:
+        tokens = f"{spec['tokens_per_step']:.2f} tokens per target forward (measured)"
+    else:
+        tokens = (f"acceptance {spec['alpha']:.2f} with {spec['gamma']} drafts, so "
+                  f"{expected_tokens(spec['alpha'], spec['gamma']):.2f} tokens per target forward (modelled)")
+    forwards = spec.get("draft_forwards", spec["gamma"])
+    return (f"The model describes {spec.get('drafter', 'a chain drafter')}: {tokens}; a draft forward costs "
+            f"c = {spec['draft_cost']:.2f} target steps, {forwards:.3g} of them per step, and the verify step scores "
+            f"{spec.get('verify_tokens', spec['gamma'] + 1)} tokens per sequence. Source: {spec['source']}.")
+
+
 def expected_tokens(alpha: float, gamma: int) -> float:
     """Tokens committed per verification with i.i.d. acceptance ``alpha`` and ``gamma`` drafts."""
     return (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1.0
 
 
-def c8_table(curve: pd.DataFrame, alpha: float, gamma: int, draft_cost: float) -> pd.DataFrame:
-    """Per batch size: the batching gain G(B) and the speculative gain S(B) (module docstring)."""
+def c8_table(curve: pd.DataFrame, alpha: float, gamma: int, draft_cost: float, tokens_per_step: float | None = None,
+             verify_tokens: int | None = None, draft_forwards: float | None = None) -> pd.DataFrame:
+    """Per batch size: the batching gain G(B) and the speculative gain S(B) (module docstring). A chain of
+    ``gamma`` drafts by default; a tree drafter passes its measured ``tokens_per_step``, the tokens its
+    verify step scores (``verify_tokens``; ``curve`` must hold that step) and its ``draft_forwards``."""
+    verify_tokens = gamma + 1 if verify_tokens is None else int(verify_tokens)
+    draft_forwards = gamma if draft_forwards is None else draft_forwards
     t1 = curve[curve["tokens_per_seq"] == 1].set_index("batch")["step_s"]
-    tv = curve[curve["tokens_per_seq"] == gamma + 1].set_index("batch")["step_s"]
-    e = expected_tokens(alpha, gamma)
+    tv = curve[curve["tokens_per_seq"] == verify_tokens].set_index("batch")["step_s"]
+    e = expected_tokens(alpha, gamma) if tokens_per_step is None else tokens_per_step
     rows = []
     for b in t1.index:
         rows.append({"batch": int(b), "step_ms": t1[b] * 1e3, "verify_ms": tv[b] * 1e3,
                      "verify_over_step": tv[b] / t1[b], "batching_gain": b * t1[t1.index.min()] / t1[b],
-                     "speculative_gain": e * t1[b] / (tv[b] + gamma * draft_cost * t1[b])})
+                     "speculative_gain": e * t1[b] / (tv[b] + draft_forwards * draft_cost * t1[b])})
     return pd.DataFrame(rows)
 
 
