@@ -3,6 +3,7 @@
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from studylib.bench.stats import Estimate
 from studylib.claims import FAILS, HOLDS, INCONCLUSIVE
@@ -147,3 +148,25 @@ def test_judge_c2_does_not_hold_when_nothing_points_at_memory():
     rows = ch01.judge_c2(row, pd.DataFrame({"intensity": [8.0]}), {"ridge_flop_per_byte": 3.0}, _kv((0, 0, 0.5)),
                          "synth")
     assert rows[0].verdict == FAILS and all(v.verdict == FAILS for v in rows[1:])
+
+
+def test_engines_made_from_a_loaded_model_are_the_engines_loaded_afresh_and_leave_it_alone():
+    from studylib.decoding import ar
+    from studylib.experiments import ch01_formats as formats
+    from studylib.models import load_model
+
+    base, _ = load_model("tiny-random", "cpu", "float32")
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    names = ["dense fused", "q8_0", "q4_1", "q4_1 int8"]
+    shared = formats.load_engines("tiny-random", names, "cpu", progress=False, base=base)
+    fresh = formats.load_engines("tiny-random", names, "cpu", progress=False)
+    prompt = [1, 5, 9, 200, 31, 7]
+    for name in names:
+        assert shared[name].weights_format == fresh[name].weights_format
+        assert shared[name].act == fresh[name].act
+        assert ar.generate(shared[name], prompt, 12).token_ids == ar.generate(fresh[name], prompt, 12).token_ids, name
+    # The dense sibling shares the base's storage (no second fp32 copy) and only it runs fused decode.
+    assert shared["dense fused"].lm_head.weight.data_ptr() == base.lm_head.weight.data_ptr()
+    assert shared["dense fused"].fused_decode and not base.fused_decode
+    assert base.weights_format == "dense" and base.act == "fp32"
+    assert all(torch.equal(before[k], v) for k, v in base.state_dict().items())

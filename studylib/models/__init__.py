@@ -203,6 +203,23 @@ def _load_dense(name: str, dev: torch.device, dt: torch.dtype) -> tuple[LlamaMod
     return _load_weights(directory, cfg, dev, dt), tok
 
 
+def sibling(model: LlamaModel) -> LlamaModel:
+    """A second model over the same weight tensors: its own modules, so ``apply_weights`` / ``apply_act`` /
+    ``fused_decode`` change it and not ``model``, and no weight is copied. Chapter 1 loads several formats
+    of one model side by side; each loaded afresh would hold its own fp32 copy on the way (a 1.7B model:
+    7 GB each). ``model`` must be dense."""
+    import copy
+
+    if model.weights_format != "dense":
+        raise StudylibError(f"sibling() shares dense weights; this model's are {model.weights_format}.")
+    memo: dict[int, object] = {}
+    for m in model.modules():
+        tensors = [*m._parameters.values(), *m._buffers.values(),
+                   *(v for v in vars(m).values() if isinstance(v, torch.Tensor))]
+        memo.update({id(t): t for t in tensors if t is not None})
+    return copy.deepcopy(model, memo)
+
+
 def load_hf_model(name: str = DEFAULT_MODEL, device: str = "cpu", dtype: str | torch.dtype | None = None):
     """The transformers model on the same weights: the parity reference and the HF peer in benchmarks."""
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
