@@ -45,7 +45,15 @@ def run_ar_bench(
     """``base``: (model, tokenizer) of ``model_name`` already loaded dense in ``dtype`` on ``device``; our
     engine (``models.sibling``) and the HF peer (``models.hf_twin``) are then made over its weights instead
     of two more loads, which a model of a few billion parameters cannot afford in 24 GB."""
-    from studylib.models import ALIASES, hf_twin, load_hf_model, load_model, resolve_device, resolve_dtype, sibling
+    from studylib.models import (
+        ALIASES,
+        hf_twin,
+        load_hf_model,
+        load_model,
+        resolve_device,
+        resolve_dtype,
+        sibling,
+    )
     from studylib.models.weights import apply_act, apply_weights
 
     torch.set_num_threads(threads)
