@@ -46,3 +46,19 @@ def test_bench_steps_measures_v_of_k_and_labels_the_roofline_a_model(tmp_path):
     assert curve["ridge_rows"] > 0 and curve["v_model"]["1"] == 1.0
     assert (tmp_path / "steps_q4_1_int8.json").exists()
     assert any("not a measurement" in line for line in summary_lines(res))
+
+
+def test_the_bench_on_a_loaded_base_shares_its_weights_and_matches_hf_token_for_token():
+    """A random model's HF peer is built over our tensors (no copy) and still decodes what ours does."""
+    from studylib.bench.ar_bench import run_ar_bench
+    from studylib.models import hf_twin, load_model
+
+    lm, tok = load_model("tiny-random", "cpu", "float32")
+    hf = hf_twin(lm)
+    assert hf.lm_head.weight.data_ptr() == lm.lm_head.weight.data_ptr()
+    assert hf.model.layers[0].mlp.down_proj.weight.data_ptr() == lm.model.layers[0].mlp.down_proj.weight.data_ptr()
+    probe = {"bandwidth_gbs": 10.0, "matmul_gflops_float32": 50.0}
+    r = run_ar_bench("tiny-random", "float32", n_prompts=2, max_new_tokens=6, repeats=1, progress=False,
+                     probe=probe, base=(lm, tok))
+    assert r["identical_to_hf"] == 1.0 and r["model"] == "tiny-random"
+    assert lm.weights_format == "dense" and not lm.fused_decode  # the base is left as it was
