@@ -44,3 +44,21 @@ def isa_label(flags: Iterable[str]) -> str:
     if "avx2" in have:
         return "avx2"
     return "baseline"
+
+
+def parse_cache_size(text: str) -> int:
+    """Bytes of a sysfs cache ``size`` entry ("491520K", "32M", "1024"); 0 where it cannot be read."""
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    try:
+        return int(text.rstrip("KMG")) * scale
+    except ValueError:
+        return 0
+
+
+@functools.lru_cache(maxsize=1)
+def last_level_cache_bytes() -> int:
+    """The largest cache cpu0 sees (the last level, shared), from sysfs; 0 where it cannot be read."""
+    sizes = [parse_cache_size(p.read_text()) for p in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size")
+             if p.is_file()]
+    return max(sizes, default=0)

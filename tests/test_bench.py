@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 from studylib.bench.roofline import decode_bytes_per_step, roofline_tokens_per_s
 from studylib.bench.stats import estimate, ratio_estimate
 from studylib.models.presets import preset_config
@@ -62,3 +65,29 @@ def test_the_bench_on_a_loaded_base_shares_its_weights_and_matches_hf_token_for_
                      probe=probe, base=(lm, tok))
     assert r["identical_to_hf"] == 1.0 and r["model"] == "tiny-random"
     assert lm.weights_format == "dense" and not lm.fused_decode  # the base is left as it was
+
+
+@pytest.mark.parametrize("text, size", [("491520K", 491520 << 10), ("32M", 32 << 20), ("1024", 1024), ("", 0), ("x", 0)])
+def test_sysfs_cache_sizes_parse(text, size):
+    from studylib.cpuinfo import parse_cache_size
+
+    assert parse_cache_size(text) == size
+
+
+def test_the_bandwidth_probe_reads_past_the_last_level_cache(monkeypatch):
+    """The buffer is at least 4x the last-level cache whatever ``mbytes`` asks, so the cache cannot serve it."""
+    from studylib import cpuinfo
+    from studylib.bench import roofline
+
+    seen = []
+    real = torch.ones
+
+    def spy(*shape, **kw):
+        t = real(*shape, **kw)
+        seen.append(t.numel() * 4)
+        return t
+
+    monkeypatch.setattr(cpuinfo, "last_level_cache_bytes", lambda: 8 << 20)
+    monkeypatch.setattr(roofline.torch, "ones", spy)
+    assert roofline.measure_bandwidth_gbs("cpu", mbytes=1, repeats=1) > 0
+    assert max(seen) >= 4 * (8 << 20)
