@@ -153,6 +153,13 @@ def test_the_sweep_page_puts_cells_side_by_side_and_the_front_page_links_it(tmp_
     assert (out / "quantity_00.png").exists()
     assert "regime.png" in text and (out / "regime.png").exists()
     assert "sweeps/toy/index.html" in sweeps_block(tmp_path / "reports")
+    # ...and the regime table: v(8) per cell with its CI, v(16) missing where the cell did not step 16 rows
+    from studylib.sweep.page import regime_table
+
+    table = regime_table(json.loads((out / "sweep.json").read_text()), out)
+    assert [r["cell"] for r in table] == ["r2=0.95", "r2=0.999"]
+    assert table[0]["v(8)"].startswith("7.3") and table[1]["v(8)"].startswith("2.4") and table[0]["v(16)"] == "-"
+    assert "The regime, per cell" in text
 
 
 def test_names_never_collide_and_equal_cells_run_once(tmp_path):

@@ -112,6 +112,42 @@ def step_cost_frame(summary: dict[str, Any], sweep_dir: Path):
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
+def regime_table(summary: dict[str, Any], sweep_dir: Path, at: tuple[int, ...] = (8, 16)) -> list[dict[str, Any]]:
+    """Per chapter-1 cell and engine: v(k) at the rows in ``at`` with their CIs, the roofline model's ridge
+    (rows where a step turns compute-bound), the measured peak of the kernel, and the batch-1 decode's
+    fraction of the measured bandwidth. The numbers that say whether the cell's model runs memory-bound."""
+    from studylib.workbook.book import format_ci
+
+    varying = list(summary.get("grid", {}))
+    out = []
+    for c in summary["cells"]:
+        if c["chapter"] != 1 or c["status"] not in ("ok", "up to date"):
+            continue
+        path = sweep_dir / c["cell"] / "ch01.json"
+        if not path.exists():
+            continue
+        m = json.loads(path.read_text(encoding="utf-8")).get("measurements") or {}
+        bw = m.get("bandwidth_fraction") or {}
+        frac = (format_ci(bw["value"], (bw.get("ci_low"), bw.get("ci_high")), bw.get("n"), "repeats")
+                if isinstance(bw.get("value"), int | float) else "-")
+        by_engine: dict[str, list[dict]] = {}
+        for r in m.get("step_vs_rows") or []:
+            by_engine.setdefault(str(r.get("engine")), []).append(r)
+        for eng, rows in by_engine.items():
+            row = {"cell": _label(c.get("overrides", {}), varying), "engine": eng}
+            for k in at:
+                r = next((r for r in rows if r.get("rows") == k), None)
+                row[f"v({k})"] = (format_ci(r["v"], (r.get("v_low"), r.get("v_high")), r.get("n"), "repeats")
+                                  if r and isinstance(r.get("v"), int | float) else "-")
+            ridge = rows[0].get("ridge_rows")
+            row["ridge (rows)"] = f"{ridge:.3g}" if isinstance(ridge, int | float) else "-"
+            peak = rows[0].get("peak_gmacs")
+            row["kernel peak (G multiply-adds/s)"] = f"{peak:.3g}" if isinstance(peak, int | float) else "-"
+            row["batch-1 decode, fraction of bandwidth"] = frac
+            out.append(row)
+    return out
+
+
 def _regime_figure(frame, path: Path) -> Path:
     """v(k) against rows per cell and engine: a memory-bound device keeps v near 1 while rows grow."""
     import matplotlib
@@ -198,6 +234,17 @@ def write_sweep_page(sweep_dir: Path) -> Path:
                        "band), per cell and engine. Near the v = 1 line the step is bound by reading the weights and "
                        "extra rows ride along; along the dotted line every row pays its own compute.</figcaption>"
                        "</figure>")
+    regime = regime_table(summary, sweep_dir)
+    if regime:
+        head = "".join(f"<th>{esc(k)}</th>" for k in regime[0])
+        body = "".join("<tr>" + "".join(f"<td>{esc(str(v))}</td>" for v in r.values()) + "</tr>" for r in regime)
+        parts.append("<h2>The regime, per cell</h2><p>v(k) is a k-row step's cost in one-row steps (1: the extra rows "
+                     "ride on the weights already read; k: every row pays its own compute). The ridge is where the "
+                     "roofline model, from the measured bandwidth and the kernel's measured peak, turns a step "
+                     "compute-bound. The bandwidth fraction is the batch-1 decode step of the model in its loaded "
+                     "precision (fp32 weights here): the bytes it must read per step over its time, against the "
+                     "machine's measured bandwidth.</p>"
+                     f"<div class='table-wrap'><table class='sweep'><tr>{head}</tr>{body}</table></div>")
     if figs:
         parts.append("<h2>Across the grid</h2>" + "".join(figs))
     parts.append(f"<p class='meta'>Commit {esc(str(summary.get('commit', ''))[:12])}, updated {esc(summary.get('updated', ''))}"
