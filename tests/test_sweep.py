@@ -160,6 +160,11 @@ def test_the_sweep_page_puts_cells_side_by_side_and_the_front_page_links_it(tmp_
     assert [r["cell"] for r in table] == ["r2=0.95", "r2=0.999"]
     assert table[0]["v(8)"].startswith("7.3") and table[1]["v(8)"].startswith("2.4") and table[0]["v(16)"] == "-"
     assert "The regime, per cell" in text
+    from studylib.sweep.page import regime_text, step_cost_frame
+
+    sentence = regime_text(step_cost_frame(json.loads((out / "sweep.json").read_text()), out))
+    assert sentence == "Medians per cell, q4_1: v(4) from 1.6 to 3.7 and v(8) from 2.4 to 7.3 across the 2 cells."
+    assert sentence in text
 
 
 def test_names_never_collide_and_equal_cells_run_once(tmp_path):

@@ -148,6 +148,23 @@ def regime_table(summary: dict[str, Any], sweep_dir: Path, at: tuple[int, ...] =
     return out
 
 
+def regime_text(frame) -> str:
+    """One sentence per engine, formatted from the cells' step costs: how far v(k) moves across the grid at
+    the largest rows every cell stepped, so a reader sees whether the regime depends on what the grid varies."""
+    parts = []
+    for eng, g in frame.groupby("engine", sort=False):
+        common = set.intersection(*(set(gc.rows) for _, gc in g.groupby("cell")))
+        ks = sorted(k for k in common if k > 1)[-2:]
+        if not ks or g.cell.nunique() < 2:
+            continue
+        spans = []
+        for k in ks:
+            v = g[g.rows == k].v
+            spans.append(f"v({k}) from {v.min():.3g} to {v.max():.3g}")
+        parts.append(f"{eng}: {' and '.join(spans)} across the {g.cell.nunique()} cells")
+    return ("Medians per cell, " + "; ".join(parts) + ".") if parts else ""
+
+
 def _regime_figure(frame, path: Path) -> Path:
     """v(k) against rows per cell and engine: a memory-bound device keeps v near 1 while rows grow."""
     import matplotlib
@@ -232,8 +249,8 @@ def write_sweep_page(sweep_dir: Path) -> Path:
         figs.insert(0, f"<figure><img src='{f.name}' alt='step cost against rows per cell'><figcaption>The regime: "
                        "v(k), the cost of a step of k rows in one-row steps (median over interleaved repeats, 95% CI "
                        "band), per cell and engine. Near the v = 1 line the step is bound by reading the weights and "
-                       "extra rows ride along; along the dotted line every row pays its own compute.</figcaption>"
-                       "</figure>")
+                       "extra rows ride along; along the dotted line every row pays its own compute. "
+                       f"{esc(regime_text(steps))}</figcaption></figure>")
     regime = regime_table(summary, sweep_dir)
     if regime:
         head = "".join(f"<th>{esc(k)}</th>" for k in regime[0])
