@@ -144,6 +144,7 @@ def regime_table(summary: dict[str, Any], sweep_dir: Path, at: tuple[int, ...] =
             peak = rows[0].get("peak_gmacs")
             row["kernel peak (G multiply-adds/s)"] = f"{peak:.3g}" if isinstance(peak, int | float) else "-"
             row["batch-1 decode, fraction of bandwidth"] = frac
+            row["_fraction"] = bw.get("value")
             out.append(row)
     return out
 
@@ -253,15 +254,20 @@ def write_sweep_page(sweep_dir: Path) -> Path:
                        f"{esc(regime_text(steps))}</figcaption></figure>")
     regime = regime_table(summary, sweep_dir)
     if regime:
-        head = "".join(f"<th>{esc(k)}</th>" for k in regime[0])
-        body = "".join("<tr>" + "".join(f"<td>{esc(str(v))}</td>" for v in r.values()) + "</tr>" for r in regime)
+        above = sorted({r["cell"] for r in regime if isinstance(r["_fraction"], int | float) and r["_fraction"] > 1})
+        shown = [{k: v for k, v in r.items() if not k.startswith("_")} for r in regime]
+        head = "".join(f"<th>{esc(k)}</th>" for k in shown[0])
+        body = "".join("<tr>" + "".join(f"<td>{esc(str(v))}</td>" for v in r.values()) + "</tr>" for r in shown)
+        caveat = (f"<p><b>A fraction above 1</b> ({esc(', '.join(above))}) means the decode step read its weights "
+                  "faster than the bandwidth probe did: the probe of these runs understates this machine's "
+                  "memory bandwidth, so those fractions are not fractions of a true bound.</p>") if above else ""
         parts.append("<h2>The regime, per cell</h2><p>v(k) is a k-row step's cost in one-row steps (1: the extra rows "
                      "ride on the weights already read; k: every row pays its own compute). The ridge is where the "
                      "roofline model, from the measured bandwidth and the kernel's measured peak, turns a step "
                      "compute-bound. The bandwidth fraction is the batch-1 decode step of the model in its loaded "
                      "precision (fp32 weights here): the bytes it must read per step over its time, against the "
                      "machine's measured bandwidth.</p>"
-                     f"<div class='table-wrap'><table class='sweep'><tr>{head}</tr>{body}</table></div>")
+                     f"<div class='table-wrap'><table class='sweep'><tr>{head}</tr>{body}</table></div>{caveat}")
     if figs:
         parts.append("<h2>Across the grid</h2>" + "".join(figs))
     parts.append(f"<p class='meta'>Commit {esc(str(summary.get('commit', ''))[:12])}, updated {esc(summary.get('updated', ''))}"
