@@ -144,6 +144,8 @@ def test_the_sweep_page_puts_cells_side_by_side_and_the_front_page_links_it(tmp_
         data["measurements"]["step_vs_rows"] = [{"engine": "q4_1", "rows": k, "v": 1 + slope * (k - 1),
                                                   "v_low": 1 + 0.9 * slope * (k - 1), "v_high": 1 + 1.1 * slope * (k - 1)}
                                                  for k in (1, 2, 4, 8)]
+        data["measurements"]["bandwidth_fraction"] = {"value": 0.6 if r2 == 0.95 else 1.1, "ci_low": 0.5,
+                                                      "ci_high": 1.2, "n": 5}
         (out / f"ch01-r2={r2}" / "ch01.json").write_text(json.dumps(data))
     q = quantities(json.loads((out / "sweep.json").read_text()), out)
     assert len(q) == 1 and [p[1] for p in next(iter(q.values()))] == [0.95, 0.999]
@@ -160,6 +162,13 @@ def test_the_sweep_page_puts_cells_side_by_side_and_the_front_page_links_it(tmp_
     assert [r["cell"] for r in table] == ["r2=0.95", "r2=0.999"]
     assert table[0]["v(8)"].startswith("7.3") and table[1]["v(8)"].startswith("2.4") and table[0]["v(16)"] == "-"
     assert "The regime, per cell" in text
+    # a fraction of bandwidth above 1 is named as the probe's shortfall, for that cell only
+    assert "A fraction above 1</b> (r2=0.999)" in text and "_fraction" not in text
+    from studylib.sweep.page import regime_text, step_cost_frame
+
+    sentence = regime_text(step_cost_frame(json.loads((out / "sweep.json").read_text()), out))
+    assert sentence == "Medians per cell, q4_1: v(4) from 1.6 to 3.7 and v(8) from 2.4 to 7.3 across the 2 cells."
+    assert sentence in text
 
 
 def test_names_never_collide_and_equal_cells_run_once(tmp_path):

@@ -144,8 +144,26 @@ def regime_table(summary: dict[str, Any], sweep_dir: Path, at: tuple[int, ...] =
             peak = rows[0].get("peak_gmacs")
             row["kernel peak (G multiply-adds/s)"] = f"{peak:.3g}" if isinstance(peak, int | float) else "-"
             row["batch-1 decode, fraction of bandwidth"] = frac
+            row["_fraction"] = bw.get("value")
             out.append(row)
     return out
+
+
+def regime_text(frame) -> str:
+    """One sentence per engine, formatted from the cells' step costs: how far v(k) moves across the grid at
+    the largest rows every cell stepped, so a reader sees whether the regime depends on what the grid varies."""
+    parts = []
+    for eng, g in frame.groupby("engine", sort=False):
+        common = set.intersection(*(set(gc.rows) for _, gc in g.groupby("cell")))
+        ks = sorted(k for k in common if k > 1)[-2:]
+        if not ks or g.cell.nunique() < 2:
+            continue
+        spans = []
+        for k in ks:
+            v = g[g.rows == k].v
+            spans.append(f"v({k}) from {v.min():.3g} to {v.max():.3g}")
+        parts.append(f"{eng}: {' and '.join(spans)} across the {g.cell.nunique()} cells")
+    return ("Medians per cell, " + "; ".join(parts) + ".") if parts else ""
 
 
 def _regime_figure(frame, path: Path) -> Path:
@@ -232,19 +250,24 @@ def write_sweep_page(sweep_dir: Path) -> Path:
         figs.insert(0, f"<figure><img src='{f.name}' alt='step cost against rows per cell'><figcaption>The regime: "
                        "v(k), the cost of a step of k rows in one-row steps (median over interleaved repeats, 95% CI "
                        "band), per cell and engine. Near the v = 1 line the step is bound by reading the weights and "
-                       "extra rows ride along; along the dotted line every row pays its own compute.</figcaption>"
-                       "</figure>")
+                       "extra rows ride along; along the dotted line every row pays its own compute. "
+                       f"{esc(regime_text(steps))}</figcaption></figure>")
     regime = regime_table(summary, sweep_dir)
     if regime:
-        head = "".join(f"<th>{esc(k)}</th>" for k in regime[0])
-        body = "".join("<tr>" + "".join(f"<td>{esc(str(v))}</td>" for v in r.values()) + "</tr>" for r in regime)
+        above = sorted({r["cell"] for r in regime if isinstance(r["_fraction"], int | float) and r["_fraction"] > 1})
+        shown = [{k: v for k, v in r.items() if not k.startswith("_")} for r in regime]
+        head = "".join(f"<th>{esc(k)}</th>" for k in shown[0])
+        body = "".join("<tr>" + "".join(f"<td>{esc(str(v))}</td>" for v in r.values()) + "</tr>" for r in shown)
+        caveat = (f"<p><b>A fraction above 1</b> ({esc(', '.join(above))}) means the decode step read its weights "
+                  "faster than the bandwidth probe did: the probe of these runs understates this machine's "
+                  "memory bandwidth, so those fractions are not fractions of a true bound.</p>") if above else ""
         parts.append("<h2>The regime, per cell</h2><p>v(k) is a k-row step's cost in one-row steps (1: the extra rows "
                      "ride on the weights already read; k: every row pays its own compute). The ridge is where the "
                      "roofline model, from the measured bandwidth and the kernel's measured peak, turns a step "
                      "compute-bound. The bandwidth fraction is the batch-1 decode step of the model in its loaded "
                      "precision (fp32 weights here): the bytes it must read per step over its time, against the "
                      "machine's measured bandwidth.</p>"
-                     f"<div class='table-wrap'><table class='sweep'><tr>{head}</tr>{body}</table></div>")
+                     f"<div class='table-wrap'><table class='sweep'><tr>{head}</tr>{body}</table></div>{caveat}")
     if figs:
         parts.append("<h2>Across the grid</h2>" + "".join(figs))
     parts.append(f"<p class='meta'>Measured at commit {esc(str(summary.get('commit', ''))[:12])}, updated {esc(summary.get('updated', ''))}"
