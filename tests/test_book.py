@@ -232,6 +232,6 @@ def test_every_page_names_the_commit_that_measured_it_and_the_one_that_rendered_
     for name in ("index.html", "ch01.html", "ch02.html"):
         text = (out / name).read_text()
         assert "measured at commit" in text, name
-        assert text.count("class='rendered'") == 1 and f"rendered from commit <code>{head}" in text, name
+        assert text.count("class='rendered-from'") == 1 and f"rendered from commit <code>{head}" in text, name
     book = (out / "book.html").read_text()
-    assert book.count("class='rendered'") == 1  # the pages it gathers do not bring theirs
+    assert book.count("class='rendered-from'") == 1  # the pages it gathers do not bring theirs

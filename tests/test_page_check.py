@@ -75,3 +75,12 @@ def test_the_committed_study_reads_clean():
         pytest.skip("reports/cpu is not rendered in this checkout")
     found = book_defects(REPORTS)
     assert not found, "\n".join(f"{page}: {d}" for page, ds in found.items() for d in ds)
+
+
+def test_markdown_and_output_cells_are_read():
+    """nbconvert marks markdown cells and HTML outputs "rendered"; only the page's own footer is skipped."""
+    cell = ("<div class='cell border-box-sizing text_cell rendered'><p>at least <code>speed_bar</code></p></div>"
+            "<div class='output_subarea output_html rendered_html'><table><tr><th>ci_low</th></tr></table></div>"
+            "<p class='rendered-from'>Page rendered from commit <code>speed_bar</code></p>")
+    got = page_defects(cell, {"speed_bar"})
+    assert len(got) == 2 and "speed_bar" in got[0] and "ci_low" in got[1]

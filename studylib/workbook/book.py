@@ -58,7 +58,7 @@ nav.book.bottom { border-top: 1px solid #e1e4e8; border-bottom: none; margin-top
 .same-kind { border-left: 3px solid #c8d1dc; padding: 0.1em 0.9em; margin: 0.6em 0; font-size: 0.92em; }
 .same-kind h4 { margin: 0.3em 0; font-size: 1em; } .same-kind ul { margin: 0.2em 0 0.4em; padding-left: 1.2em; }
 .settings { font-size: 0.85em; color: #555; margin: 0.3em 0 1em; }
-.rendered { font-size: 0.8em; color: #666; margin-top: 2em; border-top: 1px solid #eee; padding-top: 0.4em; }
+.rendered-from { font-size: 0.8em; color: #666; margin-top: 2em; border-top: 1px solid #eee; padding-top: 0.4em; }
 .badge { display: inline-block; padding: 1px 7px; border-radius: 4px; font-size: 0.9em; white-space: nowrap;
          font-weight: bold; }
 .holds { background: #d9f2d9; } .cond { background: #fff1c2; } .unsure { background: #e4e4f0; }
@@ -108,11 +108,11 @@ def rendered_note() -> str:
     from studylib.bench.provenance import git_state
 
     commit, dirty = git_state()
-    return (f"<p class='rendered'>Page rendered from commit <code>{html.escape(commit_label({'git_commit': commit, 'git_dirty': dirty}))}"
+    return (f"<p class='rendered-from'>Page rendered from commit <code>{html.escape(commit_label({'git_commit': commit, 'git_dirty': dirty}))}"
             "</code>; its numbers were measured at the commit its settings name.</p>")
 
 
-_RENDERED = re.compile(r"<p class='rendered'>.*?</p>", re.S)
+_RENDERED = re.compile(r"<p class='rendered-from'>.*?</p>", re.S)
 
 
 def page(title: str, body: str, extra_css: str = "", script: str = "") -> str:

@@ -25,7 +25,7 @@ BACKTICKS = re.compile(r"`[^`\s][^`]*`")
 MISSING = {"nan", "NaN", "None", "<NA>", "NaT", "null"}
 # Elements whose whole content is code or the run's raw settings, never prose.
 _SKIP_TAGS = {"script", "style", "pre", "svg"}
-_SKIP_CLASSES = {"highlight", "input", "input_area", "kv", "appendix", "settings", "rendered", "studylib-code"}
+_SKIP_CLASSES = {"highlight", "input", "input_area", "kv", "appendix", "settings", "rendered-from", "studylib-code"}
 _VOID = {"br", "img", "hr", "meta", "link", "input", "col", "wbr", "source", "area", "base", "embed", "param",
          "track"}
 
