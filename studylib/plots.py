@@ -71,8 +71,26 @@ def color(method: str) -> str:
 
 
 def palette(methods: Iterable[str]) -> dict[str, str]:
-    """A ``hue`` palette for seaborn covering exactly ``methods``."""
-    return {m: color(m) for m in dict.fromkeys(methods)}
+    """A ``hue`` palette for seaborn covering exactly ``methods``, every one in its own colour: a name
+    without a fixed colour whose stable colour is taken already in this palette moves to the next free one
+    (two workloads in one red could not be told apart)."""
+    out: dict[str, str] = {}
+    extra = sns.color_palette("tab20", 20).as_hex()
+    names = list(dict.fromkeys(methods))
+    for m in names:  # the fixed colours first, so a hashed one never takes a method's own
+        if m in PALETTE:
+            out[m] = PALETTE[m]
+    for m in names:
+        if m in out:
+            continue
+        c = color(m)
+        i = extra.index(c)
+        for k in range(len(extra)):
+            if extra[(i + k) % len(extra)] not in out.values():
+                c = extra[(i + k) % len(extra)]
+                break
+        out[m] = c
+    return {m: out[m] for m in names}
 
 
 def family_palette(series: Iterable[str], family) -> dict[str, str]:
@@ -114,15 +132,19 @@ def label_points(ax, points, fontsize: int = 9) -> None:
 
 def legend_below(fig, ax, ncol: int = 4) -> None:
     """Move ``ax``'s legend under the whole figure, in columns, so no entry is cut by a neighbouring panel
-    and nothing covers data."""
+    and nothing covers data: its top sits under the lowest thing any panel draws (tick labels and axis
+    labels included), and the saved figure's tight box grows to hold it."""
     legend = ax.get_legend()
     if legend is None:
         return
     handles, labels = ax.get_legend_handles_labels()
     legend.remove()
-    fig.legend(handles, labels, loc="lower center", ncol=min(ncol, max(len(labels), 1)), fontsize="small",
-               frameon=False, bbox_to_anchor=(0.5, -0.02))
-    fig.subplots_adjust(bottom=0.18 + 0.06 * ((len(labels) - 1) // ncol))
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    lowest = min(a.get_tightbbox(renderer).y0 for a in fig.axes if a.get_visible())
+    y = fig.transFigure.inverted().transform((0, lowest))[1]
+    fig.legend(handles, labels, loc="upper center", ncol=min(ncol, max(len(labels), 1)), fontsize="small",
+               frameon=False, bbox_to_anchor=(0.5, y - 0.01))
 
 
 def lineplot_ci(df: Any, x: str, y: str, hue: str | None = None, low: str | None = None, high: str | None = None,
@@ -319,15 +341,37 @@ def _axes_of(obj: Any) -> list[plt.Axes]:
     return list(fig.axes) if isinstance(fig, Figure) else []
 
 
+def fit_titles(axes: Sequence[plt.Axes]) -> None:
+    """Wrap a panel title wider than its panel onto more lines, so it runs into no neighbour's title or
+    colour bar."""
+    import textwrap
+
+    if not axes:
+        return
+    fig = axes[0].figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in axes:
+        for title in (ax.title, getattr(ax, "_left_title", None), getattr(ax, "_right_title", None)):
+            text = " ".join(title.get_text().split()) if title is not None else ""
+            if not text:
+                continue
+            width, room = title.get_window_extent(renderer).width, ax.get_window_extent(renderer).width
+            if width > room > 0:
+                chars = max(12, int(len(text) * room / width) - 2)
+                title.set_text("\n".join(textwrap.wrap(text, chars)))
+
+
 def tidy(obj: Any) -> Any:
     """Last step of every workbook figure, on the axes it is given (a Figure: all of them; an Axes or an array
-    of Axes: those; a seaborn grid: its figure's): each log axis gets readable ticks, and a legend that covers
-    data moves to the first place that covers none (an inside corner, beside the axes, under it) without
-    landing on another panel. Returns its argument."""
+    of Axes: those; a seaborn grid: its figure's): each log axis gets readable ticks, a title wider than its
+    panel wraps, and a legend that covers data moves to the first place that covers none (an inside corner,
+    beside the axes, under it) without landing on another panel. Returns its argument."""
     axes = _axes_of(obj)
     for ax in axes:
         for axis in (ax.xaxis, ax.yaxis):
             readable_log_axis(axis)
+    fit_titles(axes)
     for ax in axes:
         legend = ax.get_legend()
         if legend is None or not legend_covers_data(ax):

@@ -121,3 +121,22 @@ def test_committed_chapter_figures_were_checked_and_are_clean(path):
     got = json.loads(log.read_text())
     assert got["figures"] >= 1, f"{path.stem}: no figure was drawn"
     assert got["defects"] == [], f"{path.stem}: " + "; ".join(got["defects"])
+
+
+def test_scatter_markers_of_one_colour_are_told_apart():
+    fig, ax = plt.subplots()
+    for marker, label in (("o", "chat"), ("s", "xsum"), ("D", "humaneval")):
+        ax.scatter([1], [1], marker=marker, facecolor="none", edgecolor="black", label=label)
+    ax.legend(loc="upper left")
+    assert figure_defects(fig) == []
+
+
+def test_titles_set_edge_to_edge_collide_and_tidy_wraps_them():
+    from studylib import plots
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3))
+    a.set_title("LRU (solid) vs Belady (dashed), hits per pool size", loc="right")
+    b.set_title("LRU's share of the clairvoyant reference, per workload", loc="left")
+    assert any("overlap" in d for d in figure_defects(fig))
+    plots.tidy(fig)
+    assert figure_defects(fig) == []

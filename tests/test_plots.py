@@ -179,3 +179,29 @@ def test_point_labels_do_not_overlap():
     assert len(boxes) == 5
     assert sum(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:]) == 0
     plt.close("all")
+
+
+def test_a_palette_never_gives_two_names_one_colour():
+    from studylib import plots
+
+    names = ["system_prompt", "few_shot", "multi_turn", "tree_of_thought", "no_sharing", "speculative", "ar"]
+    pal = plots.palette(names)
+    assert list(pal) == names and len(set(pal.values())) == len(names)
+    assert pal["speculative"] == plots.PALETTE["speculative"] and pal["ar"] == plots.PALETTE["ar"]
+    assert plots.palette(names) == pal  # stable
+
+
+def test_a_legend_below_sits_under_the_axis_labels():
+    import matplotlib.pyplot as plt
+
+    from studylib import plots
+    from studylib.workbook.figure_check import figure_defects
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3))
+    for ax in axes:
+        for k in range(7):
+            ax.plot([1, 2, 4], [k, k + 1, k + 3], label=f"pattern {k} / masked")
+        ax.set_xlabel("sequence length (tokens)")
+    plots.legend_below(fig, axes[0])
+    assert figure_defects(fig) == []
+    plt.close(fig)

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 LOG_ENV = "STUDYLIB_FIGURE_LOG"
-# Boxes must overlap by more than this many pixels in both directions to count: labels that merely touch
-# read fine, and font hinting moves extents by a pixel.
-SLACK_PX = 1.0
+# Two texts collide when their boxes come closer than this many pixels: text set edge to edge reads as one
+# run ("(dashed)LRU's share"), while font hinting moves an extent by a pixel either way.
+SLACK_PX = -2.0
 
 
 def _overlap(a: Any, b: Any, slack: float = SLACK_PX) -> bool:
@@ -95,7 +95,10 @@ def _look(handle: Any) -> tuple | None:
     hatch = handle.get_hatch() if hasattr(handle, "get_hatch") else None
     if face is None and edge is None:
         return None
-    return ("patch", face, edge if face is None else None, hatch)
+    shape = None  # a scatter's marker: its path, which tells a square from a circle of the same colour
+    if hasattr(handle, "get_paths") and handle.get_paths():
+        shape = tuple(map(tuple, handle.get_paths()[0].vertices.round(2).tolist()))
+    return ("patch", face, edge, hatch, shape)
 
 
 def figure_defects(fig: Any, renderer: Any = None) -> list[str]:
