@@ -112,3 +112,13 @@ def test_columns_sharing_a_reason_are_named_together_and_cells_holding_lists_are
     tables.why_not_measured(df, task_score="no references", task_ratio="no references", ci="one repeat only")
     assert tables.notes(df) == ["Task score, Task ratio: no references", "CI: one repeat only"]
     assert "Not measured</i>: Task score, Task ratio: no references; CI: one repeat only." in tables.to_html(df)
+
+
+def test_unnamed_row_labels_get_a_blank_header_never_index():
+    import pandas as pd
+
+    from studylib.workbook.tables import readable
+
+    t = pd.DataFrame({"workload": ["a", "b"], "hit rate": [0.5, 0.25]}).set_index("workload").T
+    out = readable(t)
+    assert list(out.columns) == ["", "A", "B"] and out.iloc[0, 0] == "hit rate"

@@ -122,6 +122,8 @@ def readable(df: Any):
                                                    and pd.api.types.is_integer_dtype(frame.index)):
         frame = frame.reset_index(drop=True)
     else:
+        if frame.index.nlevels == 1 and frame.index.name is None and "" not in frame.columns:
+            frame.index.name = ""  # row labels with no name (a transposed table's): a blank header, not "index"
         frame = frame.reset_index()
     # A pivot's two-level headers ('ms', 'dense') read as "ms dense", never as a printed tuple.
     frame.columns = [" ".join(str(x) for x in c if str(x)) if isinstance(c, tuple) else str(c) for c in frame.columns]
