@@ -57,8 +57,17 @@ def parse_cache_size(text: str) -> int:
 
 
 @functools.lru_cache(maxsize=1)
-def last_level_cache_bytes() -> int:
-    """The largest cache cpu0 sees (the last level, shared), from sysfs; 0 where it cannot be read."""
-    sizes = [parse_cache_size(p.read_text()) for p in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size")
-             if p.is_file()]
-    return max(sizes, default=0)
+def last_level_cache_bytes(root: str = "/sys/devices/system/cpu") -> int:
+    """Bytes of last-level cache on the whole machine, from sysfs: the highest cache level's size summed
+    over its distinct instances (an AMD EPYC has one L3 per core complex, all of which a threaded read
+    uses); 0 where it cannot be read."""
+    found: dict[int, dict[str, int]] = {}  # level -> {shared cpu list: size}
+    for d in Path(root).glob("cpu[0-9]*/cache/index*"):
+        try:
+            level = int((d / "level").read_text())
+            shared = (d / "shared_cpu_list").read_text().strip()
+            size = parse_cache_size((d / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        found.setdefault(level, {})[shared] = size
+    return sum(found[max(found)].values()) if found else 0

@@ -91,3 +91,21 @@ def test_the_bandwidth_probe_reads_past_the_last_level_cache(monkeypatch):
     monkeypatch.setattr(roofline.torch, "ones", spy)
     assert roofline.measure_bandwidth_gbs("cpu", mbytes=1, repeats=1) > 0
     assert max(seen) >= 4 * (8 << 20)
+
+
+def test_the_last_level_cache_is_summed_over_its_instances(tmp_path):
+    """Two L3 slices (two core complexes) count twice; the L2s below them do not count."""
+    from studylib.cpuinfo import last_level_cache_bytes
+
+    def cache(cpu, index, level, size, shared):
+        d = tmp_path / f"cpu{cpu}" / "cache" / f"index{index}"
+        d.mkdir(parents=True)
+        (d / "level").write_text(f"{level}\n")
+        (d / "size").write_text(size + "\n")
+        (d / "shared_cpu_list").write_text(shared + "\n")
+
+    for cpu in range(4):
+        cache(cpu, 2, 2, "1024K", str(cpu))
+        cache(cpu, 3, 3, "32768K", "0-1" if cpu < 2 else "2-3")
+    assert last_level_cache_bytes.__wrapped__(str(tmp_path)) == 2 * 32 << 20
+    assert last_level_cache_bytes.__wrapped__(str(tmp_path / "none")) == 0

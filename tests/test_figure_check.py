@@ -140,3 +140,37 @@ def test_titles_set_edge_to_edge_collide_and_tidy_wraps_them():
     assert any("overlap" in d for d in figure_defects(fig))
     plots.tidy(fig)
     assert figure_defects(fig) == []
+
+
+def test_hidden_axes_and_steep_labels_are_not_read():
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    ax.twinx().plot([0, 1], [1, 0])  # the twin's hidden x axis repeats the main one's ticks
+    off = fig.add_axes([0.6, 0.6, 0.2, 0.2])
+    off.set_axis_off()
+    off.set_xticks([0.5, 0.51])  # would collide, but an axis switched off draws nothing
+    assert figure_defects(fig) == []
+    fig2, ax2 = plt.subplots()
+    ax2.bar(["a rather long category name", "another long category name", "a third long one"], [1, 2, 3])
+    plt.setp(ax2.get_xticklabels(), rotation=60, ha="right")
+    assert figure_defects(fig2) == []
+
+
+def test_a_freed_figures_result_is_kept_under_its_own_key(tmp_path, monkeypatch):
+    import gc
+
+    from studylib import plots
+
+    log = tmp_path / "log.json"
+    monkeypatch.setenv(LOG_ENV, str(log))
+    plots.setup()
+    for k in range(3):  # each figure drawn, closed and freed, as the inline backend does after a cell
+        fig, ax = plt.subplots()
+        ax.annotate("same place", (0.5, 0.5))
+        ax.annotate(f"same place {k}", (0.5, 0.5))
+        fig.savefig(tmp_path / f"{k}.png")
+        plt.close(fig)
+        del fig, ax
+        gc.collect()
+    got = json.loads(log.read_text())
+    assert got["figures"] == 3 and len(got["defects"]) == 3

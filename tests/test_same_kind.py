@@ -118,6 +118,21 @@ def test_the_draft_cost_and_the_modelled_speculative_gain_stand_with_their_draft
     assert cost[7].value.startswith("0.466") and "self:exit:25" in cost[7].conditions
     gain = {f.chapter: f for f in found["Speculative gain at batch 1, from the batching model"]}
     assert gain[5].value == "0.64x" and "batch 1" in gain[5].conditions  # the smallest batch, not the first row
+    assert "acceptance 0.14 with 4 drafts" in gain[5].conditions  # a chain drafter's inputs
     assert gain[7].value == "0.38x" and "0.36 to 0.41" in gain[7].conditions
     page = same_kind.block(tmp_path, 5)
     assert "differ because" in page and "Chapter 7" in page
+
+
+def test_the_modelled_gain_names_a_tree_drafters_own_inputs(tmp_path):
+    _write(tmp_path, 5, {"measurements": {
+        "speculative_inputs": {"alpha": 0.33, "gamma": 5, "draft_cost": 0.52, "drafter": "eagle@5,4,16",
+                               "tokens_per_step": 1.72, "verify_tokens": 17, "draft_forwards": 5.0,
+                               "source": "chapter 2's run"},
+        "c8": [{"batch": 1, "speculative_gain": 0.6}]}})
+    _write(tmp_path, 7, {"measurements": {"alpha": {"alpha": 0.15, "cost_ratio": 0.466, "source": "x"},
+                                          "spec_gain_vs_batch": [{"batch": 1, "gain": 0.38}]}})
+    gain = {f.chapter: f for k, figs in same_kind.figures(tmp_path) for f in figs if k.name.startswith("Speculative")}
+    c = gain[5].conditions
+    assert "eagle@5,4,16: 1.72 tokens per target forward" in c and "verify block of 17 tokens" in c
+    assert "acceptance" not in c

@@ -37,6 +37,11 @@ def _shown(text: Any) -> bool:
     return bool(text is not None and text.get_visible() and str(text.get_text()).strip())
 
 
+def _steep(text: Any) -> bool:
+    """Rotated by more than 30 degrees from the horizontal (either way)."""
+    return 30 < abs(float(text.get_rotation())) % 180 < 150
+
+
 def _name(fig: Any) -> str:
     titles = [t for t in (getattr(fig, "_suptitle", None), *(ax.title for ax in fig.axes)) if _shown(t)]
     return repr(titles[0].get_text()) if titles else f"figure {getattr(fig, 'number', '') or id(fig)}"
@@ -111,10 +116,15 @@ def figure_defects(fig: Any, renderer: Any = None) -> list[str]:
     defects: list[str] = []
     texts: list[tuple[str, Any, Any]] = []  # (group, artist, box); one group's members are compared elsewhere
     for i, ax in enumerate(a for a in fig.axes if a.get_visible()):
-        for which, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
+        # A panel switched off (set_axis_off) or an axis hidden (a twin's) draws no ticks or axis label.
+        for which, axis in (("x", ax.xaxis), ("y", ax.yaxis)) if ax.axison else ():
+            if not axis.get_visible():
+                continue
             labels = _tick_labels(axis)
             boxes = [t.get_window_extent(renderer) for t in labels]
             for (ta, ba), (tb, bb) in combinations(zip(labels, boxes, strict=True), 2):
+                if _steep(ta) and _steep(tb):
+                    continue  # steeply rotated labels: their upright boxes overlap where the text does not
                 if _overlap(ba, bb):
                     defects.append(f"{name}, panel {i + 1}: {which} tick labels {ta.get_text()!r} and "
                                    f"{tb.get_text()!r} overlap")
@@ -159,6 +169,15 @@ def figure_defects(fig: Any, renderer: Any = None) -> list[str]:
 # ------------------------------------------------------------------------------------------ the hook
 
 _checked: dict[int, list[str]] = {}
+_serial = iter(range(1, 1 << 62))
+
+
+def _key(fig: Any) -> int:
+    """A number of this figure's own: ``id`` is reused once a closed figure is freed, and a new figure
+    would then overwrite the old one's result."""
+    if "_studylib_check_key" not in fig.__dict__:
+        fig.__dict__["_studylib_check_key"] = next(_serial)
+    return fig.__dict__["_studylib_check_key"]
 
 
 def _log() -> None:
@@ -173,9 +192,9 @@ def _log() -> None:
 def _on_draw(event: Any) -> None:
     fig = event.canvas.figure
     try:
-        _checked[id(fig)] = figure_defects(fig, event.renderer)
+        _checked[_key(fig)] = figure_defects(fig, event.renderer)
     except Exception as exc:  # a check that cannot run is itself reported, never hidden
-        _checked[id(fig)] = [f"{_name(fig)}: the figure check failed ({type(exc).__name__}: {exc})"]
+        _checked[_key(fig)] = [f"{_name(fig)}: the figure check failed ({type(exc).__name__}: {exc})"]
     _log()
 
 
