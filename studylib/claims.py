@@ -572,7 +572,8 @@ def verdict_table(verdicts: Sequence[Verdict]):
         {"selector": "th", "props": "text-align: left; background: #f0f0f0; padding: 4px 6px;"},
         {"selector": "td", "props": "text-align: left; vertical-align: top; padding: 4px 6px; "
                                     "border-top: 1px solid #ddd;"},
-        {"selector": "td.col1, td.col7", "props": "min-width: 16em; max-width: 30em;"},
+        # readable prose columns on a wide screen, yet the table still fits a narrow one
+        {"selector": "td.col1, td.col7", "props": "min-width: min(16em, 22vw); max-width: 30em;"},
         {"selector": "td.col6", "props": "font-weight: bold; white-space: nowrap;"},
     ])
 

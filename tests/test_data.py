@@ -187,8 +187,10 @@ def test_narrativeqa_and_humaneval_records():
     _real("humaneval")
     q = data.load_workload("narrativeqa", 3, seed=0)
     assert all(r.meta["answers"] and r.meta["question"] in r.messages[0]["content"] for r in q)
-    he = data.load_workload("humaneval")
-    assert len(he) == 164 and he[0].id == "HumanEval/0"
+    he = data.load_workload("humaneval")  # the chapters' half: the other half is the draft head's pool
+    every = data.load_dataset("humaneval", split="all")
+    assert len(every) == 164 and every[0].id == "HumanEval/0"
+    assert 0 < len(he) < 164 and {r.id for r in he} < {r.id for r in every}
     assert all(r.prompt and r.messages is None and {"test", "entry_point"} <= r.meta.keys() for r in he)
 
 

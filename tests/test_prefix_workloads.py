@@ -80,7 +80,9 @@ def test_replay_reproduces_the_decoder_and_evicts_under_pressure():
     assert replay_hits(seqs, block_size=4, num_blocks=500)["hits"] == hits
     ws = working_set_blocks(seqs, 4)
     assert replay_hits(seqs, block_size=4, num_blocks=ws)["evicted_blocks"] == 0
-    small = replay_hits(seqs, block_size=4, num_blocks=ws // 2)
+    need = max(-(-(len(p) + len(o)) // 4) for p, o in seqs)  # the largest request must still fit the pool
+    assert need < ws
+    small = replay_hits(seqs, block_size=4, num_blocks=max(need, ws // 2))
     assert small["evicted_blocks"] > 0 and small["hit_tokens"] <= sum(hits)
 
 

@@ -58,6 +58,9 @@ nav.book.bottom { border-top: 1px solid #e1e4e8; border-bottom: none; margin-top
 .same-kind { border-left: 3px solid #c8d1dc; padding: 0.1em 0.9em; margin: 0.6em 0; font-size: 0.92em; }
 .same-kind h4 { margin: 0.3em 0; font-size: 1em; } .same-kind ul { margin: 0.2em 0 0.4em; padding-left: 1.2em; }
 .settings { font-size: 0.85em; color: #555; margin: 0.3em 0 1em; }
+/* A table fits its container: a cell may break anywhere, so a wide table wraps instead of running out of
+   its box (tests/test_book_browser.py measures every table against its container). */
+th, td { overflow-wrap: anywhere; }
 .rendered-from { font-size: 0.8em; color: #666; margin-top: 2em; border-top: 1px solid #eee; padding-top: 0.4em; }
 .badge { display: inline-block; padding: 1px 7px; border-radius: 4px; font-size: 0.9em; white-space: nowrap;
          font-weight: bold; }
