@@ -45,22 +45,13 @@ def run_ar_bench(
     """``base``: (model, tokenizer) of ``model_name`` already loaded dense in ``dtype`` on ``device``; our
     engine (``models.sibling``) and the HF peer (``models.hf_twin``) are then made over its weights instead
     of two more loads, which a model of a few billion parameters cannot afford in 24 GB."""
-    from studylib.models import (
-        ALIASES,
-        hf_twin,
-        load_hf_model,
-        load_model,
-        resolve_device,
-        resolve_dtype,
-        sibling,
-    )
-    from studylib.models.weights import apply_act, apply_weights
+    from studylib.models import from_loaded, hf_twin, load_hf_model, load_model
 
     torch.set_num_threads(threads)
     lm = base[0] if base is not None else None
-    if (lm is not None and lm.weights_format == "dense" and lm.config.name == ALIASES.get(model_name, model_name)
-            and lm.dtype == resolve_dtype(dtype, resolve_device(device)) and lm.device == resolve_device(device)):
-        model, tok = apply_act(apply_weights(sibling(lm), weights), act), base[1]
+    model = from_loaded(lm, model_name, device, dtype, weights, act)
+    if model is not None:
+        tok = base[1]
         # A random model's HF peer is built on our weights anyway; a checkpoint's reads its own files.
         hf = hf_twin(lm) if lm.config.random_weights else load_hf_model(model_name, device, dtype)
     else:

@@ -19,7 +19,6 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-import torch
 
 from studylib.bench.stats import Estimate, rotated
 from studylib.decoding import ar
@@ -48,21 +47,17 @@ def load_engines(model_name: str, engines: Sequence[str], device: str = "cpu", p
     is then made from its weights (``models.sibling``) instead of loading the model again, so the formats
     side by side cost their own bytes only. The GGUF engine reads its own file either way."""
     from studylib.errors import StudylibError
-    from studylib.models import load_model, sibling
-    from studylib.models.weights import apply_act, apply_weights
+    from studylib.models import from_loaded, load_model
 
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:
         raise StudylibError(f"unknown engine(s) {unknown}; choose from {list(ENGINES)}.")
-    shared = (base is not None and base.config.name == model_name and base.weights_format == "dense"
-              and base.dtype == torch.float32)
     out = {}
     for name in progress_bar(list(engines), desc="loading formats", progress=progress):
         weights, fused = ENGINES[name]
         act = ENGINE_ACT.get(name, "fp32")
-        if shared:
-            m = apply_act(apply_weights(sibling(base), weights), act)
-        else:
+        m = from_loaded(base, model_name, device, "float32", weights, act)
+        if m is None:
             m, _ = load_model(model_name, device, "float32", weights=weights, act=act)
         if fused and weights == "dense":
             m.fused_decode = True

@@ -220,6 +220,20 @@ def sibling(model: LlamaModel) -> LlamaModel:
     return copy.deepcopy(model, memo)
 
 
+def from_loaded(base: LlamaModel | None, name: str, device: str | torch.device = "cpu",
+                dtype: str | torch.dtype | None = None, weights: str = "dense", act: str = "fp32") -> LlamaModel | None:
+    """``name`` in ``weights`` / ``act``, made over ``base``'s tensors (``sibling``) when ``base`` is that very
+    model, dense, in that dtype on that device; None otherwise, and the caller loads it (``load_model``)."""
+    from studylib.models.weights import apply_act, apply_weights
+
+    if base is None or base.weights_format != "dense" or base.config.name != ALIASES.get(name, name):
+        return None
+    dev = resolve_device(device)
+    if base.device != dev or base.dtype != resolve_dtype(dtype, dev):
+        return None
+    return apply_act(apply_weights(sibling(base), weights), act)
+
+
 def load_hf_model(name: str = DEFAULT_MODEL, device: str = "cpu", dtype: str | torch.dtype | None = None):
     """The transformers model on the same weights: the parity reference and the HF peer in benchmarks."""
     from transformers import AutoModelForCausalLM

@@ -93,40 +93,40 @@ def _wrap(text: str, width: int) -> list[str]:
     return textwrap.wrap(text, width) or [text]
 
 
-def step_cost_frame(summary: dict[str, Any], sweep_dir: Path):
-    """Chapter 1's step cost against rows (v(k), with its CI, and the roofline model's ridge) from every
-    cell that ran it: one frame with the cell's label, for the regime figure."""
-    import pandas as pd
-
-    varying = list(summary.get("grid", {}))
-    frames = []
-    for c in summary["cells"]:
-        if c["chapter"] != 1 or c["status"] not in ("ok", "up to date"):
-            continue
-        path = sweep_dir / c["cell"] / "ch01.json"
-        if not path.exists():
-            continue
-        rows = (json.loads(path.read_text(encoding="utf-8")).get("measurements") or {}).get("step_vs_rows") or []
-        if rows:
-            frames.append(pd.DataFrame(rows).assign(cell=_label(c.get("overrides", {}), varying)))
-    return pd.concat(frames, ignore_index=True) if frames else None
-
-
-def regime_table(summary: dict[str, Any], sweep_dir: Path, at: tuple[int, ...] = (8, 16)) -> list[dict[str, Any]]:
-    """Per chapter-1 cell and engine: v(k) at the rows in ``at`` with their CIs, the roofline model's ridge
-    (rows where a step turns compute-bound), the measured peak of the kernel, and the batch-1 decode's
-    fraction of the measured bandwidth. The numbers that say whether the cell's model runs memory-bound."""
-    from studylib.workbook.book import format_ci
-
+def _chapter1_cells(summary: dict[str, Any], sweep_dir: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(cell label, chapter 1's measurements) of every chapter-1 cell with results of this sweep, read once."""
     varying = list(summary.get("grid", {}))
     out = []
     for c in summary["cells"]:
         if c["chapter"] != 1 or c["status"] not in ("ok", "up to date"):
             continue
         path = sweep_dir / c["cell"] / "ch01.json"
-        if not path.exists():
-            continue
-        m = json.loads(path.read_text(encoding="utf-8")).get("measurements") or {}
+        if path.exists():
+            out.append((_label(c.get("overrides", {}), varying),
+                        json.loads(path.read_text(encoding="utf-8")).get("measurements") or {}))
+    return out
+
+
+def step_cost_frame(summary: dict[str, Any], sweep_dir: Path, cells: list | None = None):
+    """Chapter 1's step cost against rows (v(k), with its CI, and the roofline model's ridge) from every
+    cell that ran it: one frame with the cell's label, for the regime figure. ``cells``: ``_chapter1_cells``
+    when the caller has read them already."""
+    import pandas as pd
+
+    cells = _chapter1_cells(summary, sweep_dir) if cells is None else cells
+    frames = [pd.DataFrame(m["step_vs_rows"]).assign(cell=label) for label, m in cells if m.get("step_vs_rows")]
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def regime_table(summary: dict[str, Any], sweep_dir: Path, at: tuple[int, ...] = (8, 16),
+                 cells: list | None = None) -> list[dict[str, Any]]:
+    """Per chapter-1 cell and engine: v(k) at the rows in ``at`` with their CIs, the roofline model's ridge
+    (rows where a step turns compute-bound), the measured peak of the kernel, and the batch-1 decode's
+    fraction of the measured bandwidth. The numbers that say whether the cell's model runs memory-bound."""
+    from studylib.workbook.book import format_ci
+
+    out = []
+    for label, m in _chapter1_cells(summary, sweep_dir) if cells is None else cells:
         bw = m.get("bandwidth_fraction") or {}
         frac = (format_ci(bw["value"], (bw.get("ci_low"), bw.get("ci_high")), bw.get("n"), "repeats")
                 if isinstance(bw.get("value"), int | float) else "-")
@@ -134,7 +134,7 @@ def regime_table(summary: dict[str, Any], sweep_dir: Path, at: tuple[int, ...] =
         for r in m.get("step_vs_rows") or []:
             by_engine.setdefault(str(r.get("engine")), []).append(r)
         for eng, rows in by_engine.items():
-            row = {"cell": _label(c.get("overrides", {}), varying), "engine": eng}
+            row = {"cell": label, "engine": eng}
             for k in at:
                 r = next((r for r in rows if r.get("rows") == k), None)
                 row[f"v({k})"] = (format_ci(r["v"], (r.get("v_low"), r.get("v_high")), r.get("n"), "repeats")
@@ -244,7 +244,8 @@ def write_sweep_page(sweep_dir: Path) -> Path:
         figs.append(f"<figure><img src='{f.name}' alt='{esc(name)} across the grid'><figcaption>{esc(name)}: each "
                     "cell's measured value with its confidence interval; the dashed line is the claim's bar.</figcaption>"
                     "</figure>")
-    steps = step_cost_frame(summary, sweep_dir)
+    ch01_cells = _chapter1_cells(summary, sweep_dir)
+    steps = step_cost_frame(summary, sweep_dir, ch01_cells)
     if steps is not None and len(steps):
         f = _regime_figure(steps, sweep_dir / "regime.png")
         figs.insert(0, f"<figure><img src='{f.name}' alt='step cost against rows per cell'><figcaption>The regime: "
@@ -252,7 +253,7 @@ def write_sweep_page(sweep_dir: Path) -> Path:
                        "band), per cell and engine. Near the v = 1 line the step is bound by reading the weights and "
                        "extra rows ride along; along the dotted line every row pays its own compute. "
                        f"{esc(regime_text(steps))}</figcaption></figure>")
-    regime = regime_table(summary, sweep_dir)
+    regime = regime_table(summary, sweep_dir, cells=ch01_cells)
     if regime:
         above = sorted({r["cell"] for r in regime if isinstance(r["_fraction"], int | float) and r["_fraction"] > 1})
         shown = [{k: v for k, v in r.items() if not k.startswith("_")} for r in regime]
