@@ -18,9 +18,10 @@ import re
 from collections.abc import Iterable
 from html.parser import HTMLParser
 
-# snake_case: words joined by underscores, a later one with a letter ("step_ms_low", "kv_int8"); a block
-# format's name ("q4_1", "q8_0") is a name a reader is taught, not a variable.
-SNAKE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*_[a-z0-9]*[a-z][a-z0-9]*$")
+# snake_case: lower-case words joined by underscores ("step_ms_low", "kv_int8", "top1_1"); a block format's
+# name ("q4_1", "q8_0", "q4_k_m") is a name a reader is taught, not a variable.
+SNAKE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
+BLOCK_FORMAT = re.compile(r"^i?q[0-9]+(?:_[a-z0-9]+)+$")
 BACKTICKS = re.compile(r"`[^`\s][^`]*`")
 MISSING = {"nan", "NaN", "None", "<NA>", "NaT", "null"}
 # Elements whose whole content is code or the run's raw settings, never prose.
@@ -83,7 +84,7 @@ class _Reader(HTMLParser):
             if text in MISSING:
                 self.defects.append(f"a table cell reads {text!r}; say what is missing (a dash, 'not measured')")
             if tag == "th":
-                if SNAKE.match(text):
+                if SNAKE.match(text) and not BLOCK_FORMAT.match(text):
                     self.defects.append(f"a table header reads {text!r} (snake_case); give it words")
                 elif text.lower() == "index":
                     self.defects.append("a table prints its index as a column named 'index'")
