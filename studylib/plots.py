@@ -27,6 +27,17 @@ PALETTE: dict[str, str] = {
     "studylib": "#1f77b4",
     "hf": "#ff7f0e",
     "roofline": "#2ca02c",
+    # The workloads, in tab20's light shades (the methods hold the dark ones), so a workload keeps its
+    # colour from chapter 4's sharing figures to chapter 7's stack, whatever else a figure holds.
+    "chat": "#aec7e8",
+    "system_prompt": "#ffbb78",
+    "few_shot": "#98df8a",
+    "multi_turn": "#ff9896",
+    "tree_of_thought": "#c5b0d5",
+    "no_sharing": "#c49c94",
+    "xsum": "#f7b6d2",
+    "narrativeqa": "#dbdb8d",
+    "humaneval": "#9edae5",
 }
 FIGSIZE = (7.0, 3.6)
 DPI = 110

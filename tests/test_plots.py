@@ -205,3 +205,17 @@ def test_a_legend_below_sits_under_the_axis_labels():
     plots.legend_below(fig, axes[0])
     assert figure_defects(fig) == []
     plt.close(fig)
+
+
+def test_every_workload_keeps_one_colour_of_its_own():
+    """A workload reads the same colour in every chapter's figure: each has a fixed colour, no two alike,
+    none a method's."""
+    from studylib.experiments.ch07_combined import WORKLOADS as STACKED
+    from studylib.workloads.prefix import WORKLOADS as SHARING
+
+    names = [*dict.fromkeys([*SHARING, *STACKED, "xsum", "narrativeqa", "humaneval"])]
+    assert all(n in plots.PALETTE for n in names), [n for n in names if n not in plots.PALETTE]
+    colours = [plots.PALETTE[n] for n in names]
+    methods = {v for k, v in plots.PALETTE.items() if k not in names}
+    assert len(set(colours)) == len(colours) and not set(colours) & methods
+    assert plots.palette(["multi_turn", "ar"])["multi_turn"] == plots.palette(["xsum", "multi_turn"])["multi_turn"]
