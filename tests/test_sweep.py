@@ -4,6 +4,7 @@ a failing cell that stays local, and ``--resume`` that executes nothing."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -154,6 +155,8 @@ def test_the_sweep_page_puts_cells_side_by_side_and_the_front_page_links_it(tmp_
     assert "ch01-r2=bad/ch01.failed.html" in text and "0.5 " not in text.split("ch01-r2=bad")[-1][:300]
     assert (out / "quantity_00.png").exists()
     assert "regime.png" in text and (out / "regime.png").exists()
+    figures = json.loads((out / "figures.json").read_text())  # the book's figure check read every figure
+    assert figures == {"figures": 2, "defects": []}, figures
     assert "sweeps/toy/index.html" in sweeps_block(tmp_path / "reports")
     # ...and the regime table: v(8) per cell with its CI, v(16) missing where the cell did not step 16 rows
     from studylib.sweep.page import regime_table
@@ -197,3 +200,10 @@ def test_the_resume_key_names_uncommitted_code_and_the_machine():
     a = sweep_run.cell_key(Cell(1, {"r2": 0.5}), {"r2": 0.5, "model": "tiny-random"}, "abc", None)
     b = sweep_run.cell_key(Cell(1, {"r2": 0.5}), {"r2": 0.5, "model": "tiny-random"}, "abc", "f00d")
     assert a != b and a["cpu"] and a["isa"]
+
+
+@pytest.mark.parametrize("log", sorted((Path(__file__).parents[1] / "reports").glob("*/sweeps/*/figures.json")),
+                         ids=lambda p: p.parent.name)
+def test_committed_sweep_figures_were_checked_and_are_clean(log):
+    got = json.loads(log.read_text())
+    assert got["figures"] >= 1 and got["defects"] == [], "; ".join(got["defects"])

@@ -64,7 +64,20 @@ def quantities(summary: dict[str, Any], sweep_dir: Path) -> dict[str, list[tuple
     return {k: pts for k, pts in out.items() if len(pts) >= 2}
 
 
-def _figure(name: str, pts: list, path: Path) -> Path:
+def _save(fig, path: Path, defects: list[str]) -> Path:
+    """Save ``fig`` after the book's figure check (overlapping labels, look-alike legend entries) has read it;
+    its findings join ``defects``, which the page writes beside itself as ``figures.json``."""
+    import matplotlib.pyplot as plt
+
+    from studylib.workbook.figure_check import figure_defects
+
+    defects += [f"{path.name}: {d}" for d in figure_defects(fig)]
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _figure(name: str, pts: list, path: Path, defects: list[str]) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -72,19 +85,21 @@ def _figure(name: str, pts: list, path: Path) -> Path:
     import seaborn as sns
 
     sns.set_theme(style="whitegrid")
-    fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(pts) + 2), 3.2))
+    # A tick per cell, one "parameter=value" per line, the figure as wide as its longest line needs: long
+    # model names set side by side at a slant overlapped (the figure check found them).
+    ticks = [p[0].replace(", ", "\n") for p in pts]
+    widest = max(len(line) for t in ticks for line in t.split("\n"))
+    fig, ax = plt.subplots(figsize=(max(4.5, len(pts) * (0.075 * widest + 0.3) + 1.5), 3.4))
     xs = list(range(len(pts)))
     ys = [p[1] for p in pts]
     ax.errorbar(xs, ys, yerr=[[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]], fmt="o", capsize=4)
     if pts[0][4] is not None:
         ax.axhline(pts[0][4], color="#a00", linestyle="--", linewidth=1, label=f"bar {pts[0][4]:g}")
         ax.legend(loc="best", fontsize=8)
-    ax.set_xticks(xs, [p[0] for p in pts], rotation=20, ha="right", fontsize=8)
+    ax.set_xticks(xs, ticks, fontsize=8)
     ax.set_title("\n".join(_wrap(name, 70)), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, defects)
 
 
 def _wrap(text: str, width: int) -> list[str]:
@@ -166,7 +181,7 @@ def regime_text(frame) -> str:
     return ("Medians per cell, " + "; ".join(parts) + ".") if parts else ""
 
 
-def _regime_figure(frame, path: Path) -> Path:
+def _regime_figure(frame, path: Path, defects: list[str]) -> Path:
     """v(k) against rows per cell and engine: a memory-bound device keeps v near 1 while rows grow."""
     import matplotlib
 
@@ -195,9 +210,7 @@ def _regime_figure(frame, path: Path) -> Path:
     from studylib.plots import tidy
 
     tidy(fig)  # plain labels on the log axes
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, defects)
 
 
 def write_sweep_page(sweep_dir: Path) -> Path:
@@ -238,16 +251,16 @@ def write_sweep_page(sweep_dir: Path) -> Path:
     parts.append("<h2>The cells</h2><div class='table-wrap'><table class='sweep'><tr><th>cell</th><th>chapter</th>"
                  "<th>status</th><th>attempts</th><th>ran on</th><th>verdicts (deciding number [95% CI], n)</th></tr>"
                  + "".join(rows) + "</table></div>")
-    figs = []
+    figs, defects = [], []
     for i, (name, pts) in enumerate(sorted(quantities(summary, sweep_dir).items())):
-        f = _figure(name, pts, sweep_dir / f"quantity_{i:02d}.png")
+        f = _figure(name, pts, sweep_dir / f"quantity_{i:02d}.png", defects)
         figs.append(f"<figure><img src='{f.name}' alt='{esc(name)} across the grid'><figcaption>{esc(name)}: each "
                     "cell's measured value with its confidence interval; the dashed line is the claim's bar.</figcaption>"
                     "</figure>")
     ch01_cells = _chapter1_cells(summary, sweep_dir)
     steps = step_cost_frame(summary, sweep_dir, ch01_cells)
     if steps is not None and len(steps):
-        f = _regime_figure(steps, sweep_dir / "regime.png")
+        f = _regime_figure(steps, sweep_dir / "regime.png", defects)
         figs.insert(0, f"<figure><img src='{f.name}' alt='step cost against rows per cell'><figcaption>The regime: "
                        "v(k), the cost of a step of k rows in one-row steps (median over interleaved repeats, 95% CI "
                        "band), per cell and engine. Near the v = 1 line the step is bound by reading the weights and "
@@ -271,6 +284,9 @@ def write_sweep_page(sweep_dir: Path) -> Path:
                      f"<div class='table-wrap'><table class='sweep'><tr>{head}</tr>{body}</table></div>{caveat}")
     if figs:
         parts.append("<h2>Across the grid</h2>" + "".join(figs))
+    # The same log a chapter's figures leave (studylib.workbook.figure_check), read by the book's tests.
+    atomic_write(sweep_dir / "figures.json", json.dumps({"figures": len(figs), "defects": defects}, indent=1,
+                                                         ensure_ascii=False))
     parts.append(f"<p class='meta'>Measured at commit {esc(str(summary.get('commit', ''))[:12])}, updated {esc(summary.get('updated', ''))}"
                  f", {esc(str(summary.get('seconds', '')))} s of sweep wall time.</p>")
     return atomic_write(sweep_dir / "index.html", page(f"Sweep {summary['name']}", "".join(parts), _CSS))
