@@ -373,3 +373,16 @@ def test_lossless_arms_reproduce_ar_on_a_tiny_model(tiny):
     assert (lossless.exact_match == 1.0).all()
     hits = runs[runs.arm == cc.PREFIX].sort_values("order").hit_tokens.tolist()
     assert hits[0] == 0 and hits[1] > 0  # the store persists across the workload's requests
+
+
+def test_selection_and_confirmation_stand_side_by_side_for_each_chosen_stack():
+    sel = pd.DataFrame([{"workload": "chat", "stack": "prefix cache", "requests": 10, "speedup": 1.05, "low": 0.96,
+                         "high": 1.11, "ttft_speedup": 12.39},
+                        {"workload": "xsum", "stack": "sps", "requests": 10, "speedup": 2.0, "low": 1.5, "high": 2.5,
+                         "ttft_speedup": 1.0}])
+    conf = sel.iloc[:1].assign(speedup=1.0, low=0.98, high=1.07, ttft_speedup=11.5, requests=12)
+    got = report.selection_vs_confirmation(sel, conf)
+    assert got.workload.tolist() == ["chat"]  # a stack the confirmation run did not rerun has no row
+    r = got.iloc[0]
+    assert r["TTFT gain, selection pass"] == "12.39" and r["TTFT gain, confirmation run"] == "11.50"
+    assert r["speed-up, confirmation run"] == "1.00 [0.98, 1.07]" and r["requests (selection / confirmation)"] == "10 / 12"
