@@ -336,3 +336,15 @@ def test_train_draft_keeps_time_for_training(tiny, tmp_path, monkeypatch):
                            gen_tokens=4, steps=2, head_vocab=0, max_minutes=10, data_share=0.3, fresh=True)
     with pytest.raises(StudylibError, match="before any training step"):
         train_draft(cfg, (model, tok))
+
+
+def test_draft_table_times_each_drafter_and_says_what_its_forward_is(tiny):
+    from studylib.experiments.ch02_drafts import draft_table
+    from studylib.workbook.tables import CAPTION_KEY
+
+    model = tiny[0] if isinstance(tiny, tuple) else tiny
+    table = draft_table(model, {"self:0": SelfDraft((0,))}, None)
+    assert table.draft.tolist() == ["target", "self:0"] and table.measured_c.iloc[0] == 1.0
+    assert table.forward_ms.gt(0).all() and table.layers.tolist() == [model.config.num_layers, model.config.num_layers - 1]
+    # the forward is not a decode step of the loop: the caption says so, with the context it was timed at
+    assert "128-token context" in table.attrs[CAPTION_KEY] and "decoder loop" in table.attrs[CAPTION_KEY]

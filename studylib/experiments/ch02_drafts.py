@@ -85,17 +85,29 @@ def forward_seconds(model: LlamaModel, drafter=None, context: int = 128, repeats
 def draft_table(model: LlamaModel, drafters: Mapping[str, object], meta: dict | None) -> pd.DataFrame:
     """Size and cost of each draft next to the target: parameters, weight-traffic ratio, measured
     forward-time ratio c (the quantity the speedup formula needs), and the training summary."""
-    t_target = forward_seconds(model)
+    context, repeats = 128, 7
+    t_target = forward_seconds(model, context=context, repeats=repeats)
     rows = [{"draft": "target", "layers": model.config.num_layers, "params_M": model.config.num_params / 1e6,
              "weights_ratio": 1.0, "forward_ms": 1e3 * t_target, "measured_c": 1.0}]
     for name, d in drafters.items():
         m = getattr(d, "model", model)
         layers = m.config.num_layers - len(getattr(d, "skip_layers", ()))
-        t = forward_seconds(model, d)
+        t = forward_seconds(model, d, context=context, repeats=repeats)
         rows.append({"draft": name, "layers": layers,
                      "params_M": (m.config.num_params if m is not model else model.config.num_params) / 1e6,
                      "weights_ratio": d.cost_ratio(model), "forward_ms": 1e3 * t, "measured_c": t / t_target})
     df = pd.DataFrame(rows).round(3)
+    from studylib.workbook.tables import CAPTION_KEY
+
+    # The per-token times of the decoding tables below are longer than this forward: they time whole decode
+    # steps (the decoder loop, sampling, cache bookkeeping) at the prompts' own contexts. Said beside the
+    # table, so the two numbers do not read as a contradiction.
+    df.attrs[CAPTION_KEY] = (
+        f"Forward ms: one decode forward, alone, after a {context}-token context (median of {repeats}), on the "
+        "path each drafter takes (a drafter that skips layers leaves the fused decode step). The AR milliseconds "
+        "per token further down time whole decode steps of the decoder loop (sampling and cache bookkeeping "
+        "included) at each prompt's context, so they are longer. Measured c is a ratio of two forwards timed "
+        "the same way.")
     if meta:
         df.attrs["training"] = {k: meta.get(k) for k in ("steps_done", "steps_total", "complete", "sequences",
                                                           "train_tokens", "val_top1", "val_loss", "init_layers",
