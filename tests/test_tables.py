@@ -122,3 +122,19 @@ def test_unnamed_row_labels_get_a_blank_header_never_index():
     t = pd.DataFrame({"workload": ["a", "b"], "hit rate": [0.5, 0.25]}).set_index("workload").T
     out = readable(t)
     assert list(out.columns) == ["", "A", "B"] and out.iloc[0, 0] == "hit rate"
+
+
+@pytest.mark.parametrize("n, word, many, want", [
+    (1, "layer", None, "1 layer"), (2, "layer", None, "2 layers"), (1.0, "repeat", None, "1 repeat"),
+    (0, "prompt", None, "0 prompts"), (2.5, "token", None, "2.5 tokens"), (3, "query", "queries", "3 queries"),
+])
+def test_plural_puts_the_noun_in_the_number_of_the_count(n, word, many, want):
+    from studylib.workbook.tables import plural
+
+    assert plural(n, word, many) == want
+
+
+def test_span_reads_as_one_value_when_both_ends_print_the_same():
+    from studylib.workbook.tables import span
+
+    assert span(1.0, 0.9999) == "100%" and span(0.92, 0.97) == "92%-97%" and span(0.5, 0.75, ".2f") == "0.50-0.75"

@@ -31,7 +31,7 @@ from studylib.models import (
 from studylib.progress import progress_bar
 from studylib.sampling import SamplingParams
 from studylib.workbook import illustration as ill
-from studylib.workbook.tables import CAPTION_KEY, why_not_measured
+from studylib.workbook.tables import CAPTION_KEY, span, why_not_measured
 
 CHAPTER = 2
 
@@ -492,7 +492,9 @@ def explain_sweep(sweep: pd.DataFrame) -> str:
     closer = "the measured-v prediction" if mv < lev else "Leviathan's v = 1 prediction"
     return (f"The measured speedup peaks at gamma = {int(best.gamma)} ({best.speedup:.2f}x). Measured tokens per "
             f"step stay within {gap:.2f} of (1 - a^(g+1)) / (1 - a) at the measured alpha. The draft costs "
-            f"c = {sweep.c.median():.2f} of an AR step and verifying costs v = {sweep.v.min():.2f}-{sweep.v.max():.2f} "
+            f"c = {sweep.c.median():.2f} of an AR step per forward of the chain, which drafts one token (a tree's "
+            f"forwards below draft several nodes at once, so the tree table's c is its own), and verifying costs "
+            f"v = {span(sweep.v.min(), sweep.v.max(), '.2f')} "
             f"steps; {closer} is closer to what we measured (mean absolute error {min(lev, mv):.2f} vs "
             f"{max(lev, mv):.2f}), because on this CPU verifying gamma + 1 tokens is not free.")
 

@@ -389,8 +389,9 @@ def conditions_text(model, block_size: int, capacity_tokens: int) -> str:
 
 
 def _span(values: pd.Series, fmt: str) -> str:
-    lo, hi = format(float(values.min()), fmt), format(float(values.max()), fmt)
-    return lo if lo == hi else f"{lo}-{hi}"
+    from studylib.workbook.tables import span
+
+    return span(float(values.min()), float(values.max()), fmt)
 
 
 def curve_text(curve: pd.DataFrame) -> str:

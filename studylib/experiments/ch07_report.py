@@ -438,8 +438,7 @@ def quality_text(quality: pd.DataFrame) -> str:
         ppl = lossy.ppl_ratio.dropna()
         out += (f" Lossy arms kept {span(lossy.agreement.min(), lossy.agreement.max())} greedy agreement with the "
                 f"baseline" + (f" at a perplexity ratio of {ppl.iloc[0]:.3f}" if len(ppl) else "")
-                + f"; quality retained (worst measure) {lossy.quality_retained.min():.0%}-"
-                  f"{lossy.quality_retained.max():.0%}.")
+                + f"; quality retained (worst measure) {span(lossy.quality_retained.min(), lossy.quality_retained.max())}.")
     return out
 
 
