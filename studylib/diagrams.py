@@ -29,6 +29,9 @@ from typing import Any
 ACCEPT, REJECT, BONUS, DRAFT, TARGET = "#1a7f37", "#c33", "#0b5cad", "#bbbbbb", "#6e6e9e"
 SHARED = "#c8e6c9"
 OWNERS = ("#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")  # no green
+# The smallest text a diagram draws: it is shown about as wide as the page column, where 7-8 pt text read too
+# small (a reader said so); boxes and figures are sized so 9 pt text fits them.
+FONT = 9
 
 
 def _note(fig, text: str, width: int = 105) -> None:
@@ -104,10 +107,10 @@ def draft_verify(gamma: int = 4, accepted: int = 2):
     fig, ax = plt.subplots(figsize=(9, 2.9))
     for i in range(gamma):
         _box(ax, i * 1.0, 2.0, 0.9, 0.55, f"draft d{i + 1}", DRAFT)
-    ax.text(-0.15, 2.27, "draft model\n(small, γ passes)", ha="right", va="center", fontsize=8)
+    ax.text(-0.15, 2.27, "draft model\n(small, γ passes)", ha="right", va="center", fontsize=FONT)
     _box(ax, 0, 1.1, gamma * 1.0 + 0.9, 0.55, f"target: ONE forward pass over all {gamma} proposals (+1)", TARGET,
          text_color="white")
-    ax.text(-0.15, 1.37, "target model", ha="right", va="center", fontsize=8)
+    ax.text(-0.15, 1.37, "target model", ha="right", va="center", fontsize=FONT)
     for i in range(gamma + 1):
         if i < accepted:
             color, label = ACCEPT, f"d{i + 1} ✓"
@@ -116,7 +119,7 @@ def draft_verify(gamma: int = 4, accepted: int = 2):
         else:
             color, label = "#f3f3f3", "discarded"
         _box(ax, i * 1.0, 0.2, 0.9, 0.55, label, color, text_color="white" if color != "#f3f3f3" else "#777")
-    ax.text(-0.15, 0.47, "committed", ha="right", va="center", fontsize=8)
+    ax.text(-0.15, 0.47, "committed", ha="right", va="center", fontsize=FONT)
     _note(fig, f"{accepted + 1} tokens for one target pass: the agreeing prefix, then the target's own next token "
                "(red: the first disagreement, replaced). The output is exactly what the target alone would produce.")
     ax.set_xlim(-1.6, gamma + 1.1)
@@ -170,7 +173,7 @@ def eagle_tree(depth: int = 3, topk: int = 2, nodes: int = 6, seed: int = 3):
             pos[i] = (1.6 * d, (len(ids) - 1) / 2 - r)
     ax.add_patch(__import__("matplotlib.patches", fromlist=["FancyBboxPatch"]).FancyBboxPatch(
         (-0.55, -0.35), 1.1, 0.7, boxstyle="round,pad=0.02", facecolor=TARGET, edgecolor="#555"))
-    ax.text(0, 0, "last token\n+ its feature", ha="center", va="center", fontsize=8, color="white")
+    ax.text(0, 0, "last token\n+ its feature", ha="center", va="center", fontsize=FONT, color="white")
     for i in range(len(tokens)):
         x, y = pos[i]
         px, py = (0, 0) if parents[i] < 0 else pos[parents[i]]
@@ -178,8 +181,8 @@ def eagle_tree(depth: int = 3, topk: int = 2, nodes: int = 6, seed: int = 3):
         color = ACCEPT if i in path else (DRAFT if i in kept_ids else "#f3f3f3")
         p = math.exp(scores[i])
         _box(ax, x - 0.5, y - 0.25, 1.0, 0.5, f"p={p:.2f}" if p >= 0.01 else "p<0.01", color,
-             text_color="white" if i in path else ("#111" if i in kept_ids else "#999"), fontsize=8)
-    ax.text(1.6, max(y for _, y in pos.values()) + 0.7, f"the head drafts {depth} levels, top-{topk} at each", fontsize=8,
+             text_color="white" if i in path else ("#111" if i in kept_ids else "#999"), fontsize=FONT)
+    ax.text(1.6, max(y for _, y in pos.values()) + 0.7, f"the head drafts {depth} levels, top-{topk} at each", fontsize=FONT,
             ha="left")
     _note(fig, f"Grey: the {nodes} likeliest nodes (probability of the whole path), verified together in ONE target "
                "forward, each seeing only its ancestors (tree attention mask). Green: the path the target agreed "
@@ -199,25 +202,25 @@ def lookahead_step(window: int = 4, ngram: int = 3, guesses: int = 2):
     produces, and the verified branch's agreeing prefix is committed."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 3.2))
-    ax.text(-0.2, 2.35, "lookahead branch\n(Jacobi window)", ha="right", va="center", fontsize=8)
+    ax.text(-0.2, 2.35, "lookahead branch\n(Jacobi window)", ha="right", va="center", fontsize=FONT)
     for r in range(ngram - 1):
         for c in range(window):
-            _box(ax, c * 0.9, 2.0 - r * 0.55, 0.8, 0.45, f"g{r + 1},{c + 1}", DRAFT, fontsize=7)
+            _box(ax, c * 0.9, 2.0 - r * 0.55, 0.8, 0.45, f"g{r + 1},{c + 1}", DRAFT, fontsize=FONT)
     ax.annotate("", xy=(window * 0.9 + 0.5, 1.4), xytext=(window * 0.9 + 0.05, 1.9),
                 arrowprops={"arrowstyle": "->", "color": "#555"})
-    _box(ax, window * 0.9 + 0.5, 0.95, 2.2, 0.5, f"n-gram pool: {ngram}-grams\nseen in the window", SHARED, fontsize=7)
-    ax.text(-0.2, 0.45, "verification branch\n(pool n-grams)", ha="right", va="center", fontsize=8)
+    _box(ax, window * 0.9 + 0.5, 0.95, 2.2, 0.5, f"n-gram pool: {ngram}-grams\nseen in the window", SHARED, fontsize=FONT)
+    ax.text(-0.2, 0.45, "verification branch\n(pool n-grams)", ha="right", va="center", fontsize=FONT)
     for gi in range(guesses):
         for c in range(ngram - 1):
             col = ACCEPT if gi == 0 and c == 0 else (REJECT if gi == 0 and c == 1 else "#f3f3f3")
             _box(ax, 0.9 * c + gi * 0.9 * ngram, 0.2, 0.8, 0.45, f"n{gi + 1}.{c + 1}", col,
-                 text_color="white" if col in (ACCEPT, REJECT) else "#555", fontsize=7)
-    _box(ax, -0.1, -0.55, window * 0.9 + 3.0, 0.4, "the target: ONE forward over the window and every branch "
-         "(attention mask: each row sees its own branch)", TARGET, text_color="white", fontsize=7)
+                 text_color="white" if col in (ACCEPT, REJECT) else "#555", fontsize=FONT)
+    _box(ax, -0.1, -0.75, window * 0.9 + 3.0, 0.6, "the target: ONE forward over the window and every branch\n"
+         "(attention mask: each row sees its own branch)", TARGET, text_color="white", fontsize=FONT)
     _note(fig, "Lossless: only a pool n-gram the target agrees with, token by token, is committed (green), then the "
                "target's own next token; the window's guesses only feed the pool.")
     ax.set_xlim(-2.2, window * 0.9 + 3.2)
-    ax.set_ylim(-0.7, 2.7)
+    ax.set_ylim(-0.9, 2.7)
     _clean(ax)
     fig.tight_layout()
     return fig
@@ -238,8 +241,8 @@ def stack_layers(parts: Sequence[str] = ("prefix cache (radix)", "continuous bat
             "sparse attention": "reads less of a long KV cache per step"}
     for i, name in enumerate(parts):
         y = len(parts) - 1 - i
-        _box(ax, 0, y * 0.5, 3.2, 0.42, name, OWNERS[i % len(OWNERS)], text_color="white", fontsize=8)
-        ax.text(3.4, y * 0.5 + 0.21, acts.get(name, ""), va="center", fontsize=8)
+        _box(ax, 0, y * 0.5, 3.2, 0.42, name, OWNERS[i % len(OWNERS)], text_color="white", fontsize=FONT)
+        ax.text(3.4, y * 0.5 + 0.21, acts.get(name, ""), va="center", fontsize=FONT)
     _note(fig, "A stack's gain is at most the product of its parts' gains, and less where two act on the same cost "
                "(batching fills the compute that speculation would use); chapter 7 measures the stack against that "
                "product.")
@@ -280,8 +283,8 @@ def q4_block_int8_dot(seed: int = 0):
         ax.imshow(np.asarray(vals)[None, :], cmap=cmap, aspect="auto")
         dark = 11 if cmap == "Blues" else 80  # white text on the dark end of the colour map
         for i, v in enumerate(vals):
-            ax.text(i, 0, str(v), ha="center", va="center", fontsize=7, color="white" if abs(v) >= dark else "#111")
-        ax.set_title(title, fontsize=8, loc="left")
+            ax.text(i, 0, str(v), ha="center", va="center", fontsize=FONT, color="white" if abs(v) >= dark else "#111")
+        ax.set_title(title, fontsize=FONT, loc="left")
         _clean(ax)
     _note(fig, f"The dot product in integers: s = sum q x8 = {s_int} (exact; one VNNI instruction does 32 or 64 of these "
                f"products, one AMX tile multiply 16,384), then d dx s + m sum(x) = {approx:.4f} against {exact:.4f} in fp32: the rounding of x is "
@@ -373,7 +376,7 @@ def batching_timelines(requests: Sequence[tuple[int, int]] = ((0, 6), (0, 2), (0
         ax.set_title(f"{name}: done at step {end}", fontsize=9)
         ax.set_xlabel("decode steps")
         ax.invert_yaxis()
-    axes[0].set_yticks(range(len(requests)), [f"request {i + 1}" for i in range(len(requests))], fontsize=8)
+    axes[0].set_yticks(range(len(requests)), [f"request {i + 1}" for i in range(len(requests))], fontsize=FONT)
     fig.suptitle(f"The same {len(requests)} requests, {slots} slots (| arrival; hatched: a finished row still "
                  "holding its static slot)", fontsize=9)
     fig.tight_layout()
@@ -401,26 +404,29 @@ def block_table(lengths: Sequence[int] = (40, 52, 35), shared: int = 32, block_s
                 next_free += 1
         placements.append(phys)
     pool = next_free
+    # the pool starts right of the longest block table, and wraps at 8 blocks a row
+    x0 = max(len(phys) for phys in placements) * 0.9 + 0.7
+    pool_rows = math.ceil(pool / 8)
+    fig.set_size_inches(9.5 * (x0 + 6.6) / 11.9, 3.0 + 0.45 * max(0, pool_rows - 3, len(lengths) - 3))
     for s, phys in enumerate(placements):
         y = 2.2 - s * 0.75
-        ax.text(-0.2, y + 0.25, f"seq {s + 1} ({lengths[s]} tok)", ha="right", va="center", fontsize=8)
+        ax.text(-0.2, y + 0.25, f"seq {s + 1} ({lengths[s]} tok)", ha="right", va="center", fontsize=FONT)
         for b, p in enumerate(phys):
             is_shared = b < shared_blocks and lengths[s] >= shared
             fill = min(block_size, lengths[s] - b * block_size)
             _box(ax, b * 0.9, y, 0.8, 0.5, f"L{b}→P{p}" + ("" if fill == block_size else f"\n{fill}/{block_size}"),
                  SHARED if is_shared else OWNERS[s % len(OWNERS)], text_color="#111" if is_shared else "white",
-                 fontsize=7)
-    x0 = 5.3
-    ax.text(x0, 2.95, f"physical pool ({block_size} tokens per block)", fontsize=8)
+                 fontsize=FONT)
+    ax.text(x0, 2.95, f"physical pool ({block_size} tokens per block)", fontsize=FONT)
     for p in range(pool):
         owner = next((s for s, phys in enumerate(placements) if p in phys and p >= shared_blocks), None)
         _box(ax, x0 + (p % 8) * 0.55, 2.2 - (p // 8) * 0.65, 0.5, 0.5, f"P{p}",
-             SHARED if p < shared_blocks else OWNERS[(owner or 0) % len(OWNERS)], fontsize=7,
+             SHARED if p < shared_blocks else OWNERS[(owner or 0) % len(OWNERS)], fontsize=FONT,
              text_color="#111" if p < shared_blocks else "white")
     _note(fig, f"Green: the {shared}-token common prefix, stored once and pointed at by every sequence. Only a "
                "sequence's last block is partly empty, so the waste is under one block per sequence.")
     ax.set_xlim(-2.0, x0 + 8 * 0.55 + 0.2)
-    ax.set_ylim(0.5, 3.15)
+    ax.set_ylim(min(2.2 - (len(lengths) - 1) * 0.75, 2.2 - (pool_rows - 1) * 0.65) - 0.2, 3.15)
     _clean(ax)
     fig.tight_layout()
     return fig
@@ -448,13 +454,13 @@ def attention_masks(specs: Sequence[str] = ("dense", "window:32", "sinks:4,28", 
         vis = pattern.mask(pos, pos).float().numpy()
         ax.imshow(vis, cmap="Blues", vmin=0, vmax=1.3, interpolation="nearest")
         keep = vis.sum() / (seq_len * (seq_len + 1) / 2)
-        ax.set_title(f"{spec}\n{keep:.0%} of causal pairs", fontsize=8)
-        ax.set_xlabel("key", fontsize=8)
+        ax.set_title(f"{spec}\n{keep:.0%} of causal pairs", fontsize=FONT)
+        ax.set_xlabel("key", fontsize=FONT)
         ax.set_xticks([])
         ax.set_yticks([])
-    (axes[0] if len(specs) > 1 else axes).set_ylabel("query", fontsize=8)
-    fig.suptitle(f"Attention masks over {seq_len} tokens (blue: the query attends to the key)", fontsize=9)
-    fig.tight_layout()
+    (axes[0] if len(specs) > 1 else axes).set_ylabel("query", fontsize=FONT)
+    fig.suptitle(f"Attention masks over {seq_len} tokens (blue: the query attends to the key)", fontsize=FONT + 1)
+    fig.tight_layout(rect=(0, 0, 1, 0.88))  # the panels' two-line titles stay under the figure's own
     return fig
 
 

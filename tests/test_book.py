@@ -4,6 +4,9 @@ the report folder is built by hand from tiny notebooks and judged verdicts."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import nbformat
 import pytest
 
@@ -123,6 +126,8 @@ def test_front_page_written_from_verdicts(tmp_path, monkeypatch):
     assert page.index("latency reduction: 3") < page.index("quality retained: 0.9996")
     assert "1.2 min" in page and "12 s" in page
     assert (out / "claims_vs_measured.png").exists() and "src='claims_vs_measured.png'" in page
+    checked = json.loads((out / "claims_vs_measured.figures.json").read_text())  # the figure check read it
+    assert checked == {"figures": 1, "defects": []}, checked
     assert "the essay's own number where it gives one" in page and "bar this study chose" in page
     assert '"radix' not in page and "The word radix appears here." in page  # the search index, escaped JSON
 
@@ -235,3 +240,9 @@ def test_every_page_names_the_commit_that_measured_it_and_the_one_that_rendered_
         assert text.count("class='rendered-from'") == 1 and f"rendered from commit <code>{head}" in text, name
     book = (out / "book.html").read_text()
     assert book.count("class='rendered-from'") == 1  # the pages it gathers do not bring theirs
+
+
+def test_the_committed_front_page_figure_was_checked_and_is_clean():
+    log = Path(__file__).resolve().parents[1] / "reports" / "cpu" / "claims_vs_measured.figures.json"
+    assert log.exists(), "render the book (studylib book --profile cpu) so the front page's figure is checked"
+    assert json.loads(log.read_text())["defects"] == []

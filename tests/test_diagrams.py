@@ -67,3 +67,33 @@ def test_the_new_mechanisms_use_the_librarys_own_rules():
         for f in figs:
             diagrams._plt().close(f)
     assert len(diagrams.mechanism_figures(2, {"eagle_tree": "5,4,16"})[1]) == 2
+
+
+@pytest.mark.parametrize("params", [{}, {"gamma": 3, "system_tokens": 64, "block_size": 8}], ids=["defaults", "small"])
+@pytest.mark.parametrize("chapter", sorted(diagrams.MECHANISMS))
+def test_every_mechanism_reads_at_the_page_size(chapter, params):
+    """Text of at least diagrams.FONT points, no box's label spilling out of its box, and the book's figure
+    check (overlapping texts, titles and labels) clean."""
+    from matplotlib.patches import Rectangle
+    from matplotlib.text import Text
+
+    from studylib.workbook.figure_check import figure_defects
+
+    _, figs = diagrams.mechanism_figures(chapter, params)
+    for fig in figs:
+        assert figure_defects(fig) == []
+        r = fig.canvas.get_renderer()
+        texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+        assert min(t.get_fontsize() for t in texts) >= diagrams.FONT
+        for ax in fig.axes:
+            boxes = [p for p in ax.patches if isinstance(p, Rectangle)]
+            for t in ax.texts:
+                x, y = t.get_position()
+                home = [p for p in boxes if p.get_x() <= x <= p.get_x() + p.get_width()
+                        and p.get_y() <= y <= p.get_y() + p.get_height()]
+                if home and t.get_text().strip():
+                    inner = t.get_window_extent(r)
+                    outer = home[-1].get_window_extent(r)
+                    assert (inner.x0 >= outer.x0 - 1 and inner.x1 <= outer.x1 + 1
+                            and inner.y0 >= outer.y0 - 1 and inner.y1 <= outer.y1 + 1), t.get_text()
+        matplotlib.pyplot.close(fig)

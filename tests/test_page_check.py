@@ -17,7 +17,10 @@ def test_a_parameter_name_in_a_sentence_is_found_and_other_code_is_not():
     html = "<p>Each method must be at least <code>speed_bar</code> times as fast as <code>generate</code>.</p>"
     assert page_defects(html, {"speed_bar", "repeats"}) == [
         "the parameter name 'speed_bar' stands in a sentence; write its value or say what it means"]
-    assert page_defects(html, {"repeats"}) == []
+    # not a parameter of this page: still an identifier a reader cannot know, but not a parameter leak
+    assert page_defects(html, {"repeats"}) == [
+        "the library's name 'speed_bar' stands in a sentence; say what it does"]
+    assert page_defects(html.replace("speed_bar", "gguf"), {"repeats"}) == []  # a plain word in code is fine
 
 
 def test_unrendered_backticks_are_found():
@@ -85,3 +88,17 @@ def test_markdown_and_output_cells_are_read():
             "<p class='rendered-from'>Page rendered from commit <code>speed_bar</code></p>")
     got = page_defects(cell, {"speed_bar"})
     assert len(got) == 2 and "speed_bar" in got[0] and "ci_low" in got[1]
+
+
+@pytest.mark.parametrize("prose, found", [
+    ("<p>checked in tests/test_serving.py</p>", "repository path 'tests/test_serving.py'"),
+    ("<p>declared in <code>notebooks/params/decisions.yaml</code></p>", "repository path"),
+    ("<p>computed by <code>ch04.judge_c4</code></p>", "library's name 'ch04.judge_c4'"),
+    ("<p>the rule <code>judge_c1</code></p>", "library's name 'judge_c1'"),
+    ("<p>see https://github.com/org/repo/tests/x.py</p>", None),  # a web address is not a repository path
+    ("<p><code>torch.compile</code> and <code>q4_1</code> and <code>eagle:full</code></p>", None),
+    ("<p>the <code>kv_int8</code> arm</p><table><tr><th>arm</th></tr><tr><td>kv_int8 (per-op)</td></tr></table>", None),
+])
+def test_words_a_reader_cannot_know(prose, found):
+    got = page_defects(prose)
+    assert (len(got) == 1 and found in got[0]) if found else got == [], got

@@ -267,12 +267,12 @@ def mechanism_html(chapter: int, params: Mapping[str, Any]) -> str:
     imgs = []
     for fig in figs:
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
         plt.close(fig)
         data = base64.b64encode(buf.getvalue()).decode("ascii")
         imgs.append(f"<img src='data:image/png;base64,{data}' alt='{html.escape(caption)}'>")
     return (f"<figure class='mechanism'>{''.join(imgs)}<figcaption>{html.escape(caption)} (a diagram drawn by "
-            "<code>studylib.diagrams</code> with this run's sizes; the measurements follow)</figcaption></figure>")
+            "the study's own code with this run's sizes; the measurements follow)</figcaption></figure>")
 
 
 def is_setup_cell(cell: Any) -> bool:

@@ -5,7 +5,9 @@ The classes (each was on a committed page once):
   markdown backticks that were never rendered;
 - a table header in snake_case (``step_ms_low``), a pandas index printed as a column ("index"), or a
   MultiIndex header printed as a tuple ("('rows', '')");
-- a cell that reads "nan", "None", "<NA>" or "NaT" instead of saying what is missing.
+- a cell that reads "nan", "None", "<NA>" or "NaT" instead of saying what is missing;
+- words a reader cannot know: a path in the repository ("tests/test_serving.py") or the library's own
+  names for things ("ch07_stack.plan_stack", "judge_c1") where the page should say what they do.
 
 Code is allowed to be code: code cells, ``<pre>`` blocks, the appendix's table of every parameter and
 the settings line are not read. :func:`page_defects` returns one line per defect; ``studylib book``
@@ -23,6 +25,13 @@ from html.parser import HTMLParser
 SNAKE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
 BLOCK_FORMAT = re.compile(r"^i?q[0-9]+(?:_[a-z0-9]+)+$")
 BACKTICKS = re.compile(r"`[^`\s][^`]*`")
+# A path inside the repository, written anywhere in the prose.
+REPO_PATH = re.compile(r"(?<![\w/.])(?:studylib|tests|notebooks|benchmarks|reports|data|docs)/[\w./-]*\w")
+# Code that is one of the library's identifiers: a snake_case name or a dotted path (``judge_c1``,
+# ``kvcache.dense_bridge.PrefixStore``, ``decisions.yaml``). Names other projects publish and readers of
+# the field know (``torch.compile``) and block formats (``q4_1``) are words, not leaks.
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*(?:\(\))?$")
+KNOWN_NAMES = re.compile(r"^(?:torch|np|numpy|transformers|vllm|llama_cpp|triton|ray|pandas|papermill)\.")
 MISSING = {"nan", "NaN", "None", "<NA>", "NaT", "null"}
 # Elements whose whole content is code or the run's raw settings, never prose.
 _SKIP_TAGS = {"script", "style", "pre", "svg"}
@@ -41,6 +50,8 @@ class _Reader(HTMLParser):
         self.cell_tag = ""
         self.code: list[str] | None = None
         self.defects: list[str] = []
+        self.names: list[str] = []  # identifiers in code spans of the prose
+        self.vocabulary: set[str] = set()  # words the page's table cells use
 
     def handle_starttag(self, tag: str, attrs: list) -> None:
         if tag in _VOID:
@@ -78,9 +89,14 @@ class _Reader(HTMLParser):
             if text in self.params:
                 self.defects.append(f"the parameter name {text!r} stands in a sentence; write its value or say "
                                     "what it means")
+            elif (IDENTIFIER.match(text) and ("_" in text or "." in text) and not BLOCK_FORMAT.match(text)
+                  and not KNOWN_NAMES.match(text)):
+                # judged at the end: a name the page's own tables use (an arm, a format) is its vocabulary
+                self.names.append(text)
             self.code = None
         elif tag in ("th", "td") and self.cell is not None and tag == self.cell_tag:
             text = " ".join("".join(self.cell).split())
+            self.vocabulary.update(re.split(r"[\s,;()/+]+", text))
             if text in MISSING:
                 self.defects.append(f"a table cell reads {text!r}; say what is missing (a dash, 'not measured')")
             if tag == "th":
@@ -101,6 +117,8 @@ class _Reader(HTMLParser):
             self.code.append(data)
         elif BACKTICKS.search(data):
             self.defects.append(f"unrendered backticks in {BACKTICKS.search(data).group(0)!r}")
+        for m in REPO_PATH.finditer(data):
+            self.defects.append(f"a repository path {m.group(0)!r} stands in the text; say what is there")
 
 
 def page_defects(html: str, params: Iterable[str] = ()) -> list[str]:
@@ -109,6 +127,8 @@ def page_defects(html: str, params: Iterable[str] = ()) -> list[str]:
     reader = _Reader({p for p in params if p})
     reader.feed(html)
     reader.close()
+    reader.defects += [f"the library's name {n!r} stands in a sentence; say what it does" for n in reader.names
+                       if n not in reader.vocabulary]
     return list(dict.fromkeys(reader.defects))
 
 
