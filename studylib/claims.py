@@ -538,6 +538,16 @@ def format_bar(v: Verdict) -> str:
     return f"{'≥' if v.direction == AT_LEAST else '≤'} {_fmt(v.threshold)}"
 
 
+def bar_with_origin(v: Verdict) -> str:
+    """The bar and where it comes from ("≥ 10 (the essay's number)", "≥ 2 (the study's choice)"), as the
+    declarations record it; the bar alone where they do not."""
+    from studylib.decisions import bar_origin
+
+    bar = format_bar(v)
+    origin = None if bar == "all checks" else bar_origin(v)
+    return f"{bar} ({origin})" if origin else bar
+
+
 def shown_metric(v: Verdict) -> str:
     """The row's metric with what a reader must know before its verdict: a row that cannot fail, or a
     decision taken from a result that does not follow its declaration."""
@@ -550,7 +560,7 @@ def verdict_frame(verdicts: Sequence[Verdict]):
     import pandas as pd
 
     rows = [{"id": v.id, "role": v.role, "claim": v.claim, "metric": shown_metric(v),
-             "measured [95% CI] (n)": format_measured(v.measured, v.ci, v.n), "bar": format_bar(v),
+             "measured [95% CI] (n)": format_measured(v.measured, v.ci, v.n), "bar": bar_with_origin(v),
              "claimed": v.claimed, "verdict": v.verdict, "conditions": v.conditions, "chapter": v.chapter}
             for v in verdicts]
     cols = ["id", "role", "claim", "metric", "measured [95% CI] (n)", "bar", "claimed", "verdict", "conditions",
@@ -599,7 +609,7 @@ def verdict_markdown(verdicts: Sequence[Verdict]) -> str:
               "|---|---|---|---|---|---|---|"]
     for v in sorted(verdicts, key=lambda v: (int(v.id[1:]), v.chapter, v.role != DECISION)):
         lines.append(f"| {v.id} | {v.chapter} | {v.role} | {cell(shown_metric(v))} | "
-                     f"{cell(format_measured(v.measured, v.ci, v.n))} | {cell(format_bar(v))} | {v.verdict} |")
+                     f"{cell(format_measured(v.measured, v.ci, v.n))} | {cell(bar_with_origin(v))} | {v.verdict} |")
     return "\n".join(lines) + "\n"
 
 

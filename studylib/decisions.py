@@ -44,6 +44,9 @@ DECLARATIONS = REPO_ROOT / "notebooks" / "params" / "decisions.yaml"
 UNCOMMITTED = "uncommitted"
 
 
+BAR_SOURCES = {"essay": "the essay's number", "study": "the study's choice"}
+
+
 @dataclass(frozen=True)
 class DeclaredRow:
     """One row a chapter may produce for a claim: matched by ``match`` (a regular expression searched in
@@ -55,6 +58,7 @@ class DeclaredRow:
     unit: str | None = None
     min_n: int | None = None
     by_construction: bool = False
+    source: str | None = None  # where the bar comes from: "essay" (the source document's number) or "study"
 
     def matches(self, v: Verdict) -> bool:
         return re.search(self.match, v.metric) is not None
@@ -106,6 +110,11 @@ def _declaration(key: str, d: Mapping[str, Any], path: Path) -> Declaration:
             problems.append(f"{key}: row {i} unit must be one of {sorted(MIN_UNITS)}")
         if r.get("unit") is not None and int(r.get("min_n") or 0) < MIN_UNITS.get(r["unit"], 0):
             problems.append(f"{key}: row {i} min_n must be at least {MIN_UNITS.get(r['unit'])} {r['unit']}")
+        if r.get("bar") is not None and r.get("source") not in BAR_SOURCES:
+            problems.append(f"{key}: row {i} has a bar; say where it comes from with source: essay (the source "
+                            "document's number) or source: study (the study's own choice)")
+        if r.get("bar") is None and r.get("source") is not None:
+            problems.append(f"{key}: row {i} names a source but has no bar")
         try:
             re.compile(r["match"])
         except (KeyError, re.error) as exc:
@@ -151,6 +160,17 @@ def declared(claim: str, chapter: int, path: str | Path | None = None) -> Declar
     if key not in decls:
         raise StudylibError(f"{key} is not declared; add it to {DECLARATIONS.name} (and commit) before the run.")
     return decls[key]
+
+
+def bar_origin(v: Verdict, path: str | Path | None = None) -> str | None:
+    """Where row ``v``'s bar comes from, in words ("the essay's number", "the study's choice"), from the
+    declaration of its claim and chapter; None where nothing declares it (a synthetic or foreign row)."""
+    try:
+        decl = declared(v.id, v.chapter, path)
+    except StudylibError:
+        return None
+    row = next((r for r in decl.rows if r.matches(v)), None)
+    return BAR_SOURCES.get(row.source) if row is not None and row.source else None
 
 
 def exploratory(row: Verdict, why: str) -> Verdict:

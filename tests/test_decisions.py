@@ -22,7 +22,7 @@ C1@1:
   decides: toy
   rule: parts
   rows:
-    - {match: "^speed", bar: 2.0, direction: at_least, unit: prompts, min_n: 10}
+    - {match: "^speed", bar: 2.0, direction: at_least, unit: prompts, min_n: 10, source: study}
     - {match: "^identical", direction: check, unit: prompts, min_n: 10, by_construction: true}
 """
 
@@ -132,3 +132,22 @@ def test_dirty_or_undeclared_results_are_exploratory(repo):
     failing = decisions.stamp(failing, 1, path)
     path.write_text(DECL + "\n")  # same entries: nothing changed for C1@1
     assert not decisions.apply_registration(_record(failing, first), path)["verdicts"][0].exploratory
+
+
+def test_every_bar_says_where_it_comes_from(tmp_path):
+    path = tmp_path / "d.yaml"
+    path.write_text("C1@1:\n  rows:\n    - {match: '^a', bar: 2.0, direction: at_least}\n"
+                    "    - {match: '^b', direction: check, source: essay}\n")
+    with pytest.raises(StudylibError) as err:
+        decisions.load(path)
+    assert "row 0 has a bar; say where it comes from" in str(err.value) and "row 1 names a source" in str(err.value)
+    path.write_text("C1@1:\n  rows:\n    - {match: '^a', bar: 2.0, direction: at_least, source: essay}\n")
+    row = judge_at_least("C1", "a metric", (2.5, 2.1, 2.9, 10), 2.0, ">= 2", "toy", 1)
+    assert decisions.bar_origin(row, path) == "the essay's number"
+    assert decisions.bar_origin(judge_at_least("C2", "a", (1, 1, 1, 10), 2.0, "", "", 1), path) is None
+
+
+def test_the_studys_declarations_name_every_bars_source():
+    for decl in decisions.load().values():
+        for r in decl.rows:
+            assert (r.bar is None) == (r.source is None), (decl.key, r.match)

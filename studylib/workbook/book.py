@@ -33,6 +33,7 @@ from studylib.claims import (
     HOLDS,
     INCONCLUSIVE,
     Verdict,
+    bar_with_origin,
     format_bar,
     load_chapter,
 )
@@ -194,7 +195,7 @@ def claim_summary(decision: Verdict, parts: Sequence[Verdict]) -> str:
     numeric = isinstance(decision.measured, int | float) and not isinstance(decision.measured, bool)
     if numeric:
         number = html.escape(format_ci(decision.measured, decision.ci, decision.n, decision.unit))
-        bar = "" if format_bar(decision) == "all checks" else f" against the bar {html.escape(format_bar(decision))}"
+        bar = "" if format_bar(decision) == "all checks" else f" against the bar {html.escape(bar_with_origin(decision))}"
         number += bar
     else:
         items = []

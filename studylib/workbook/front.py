@@ -32,7 +32,7 @@ from studylib.workbook.book import (
     _STRENGTH,
     DIRTY_NOTE,
     badge,
-    format_bar,
+    bar_with_origin,
     format_ci,
     page,
     weakest_first,
@@ -205,7 +205,7 @@ def claims_table(verdicts: Sequence[Verdict], chapters: Mapping[int, str]) -> st
                 w = min(numeric, key=lambda v: (_STRENGTH.get(v.verdict, 1), (bar_ratio(v) or (float("inf"),) * 3)[1]))
                 decided += (f"<br><small>weakest part: {html.escape(w.metric)} = "
                             f"{html.escape(format_ci(w.measured, w.ci, w.n, w.unit))} against the bar "
-                            f"{html.escape(format_bar(w))} (chapter {w.chapter})</small>")
+                            f"{html.escape(bar_with_origin(w))} (chapter {w.chapter})</small>")
         rows.append(f"<tr><td><b>{d.id}</b></td><td>{html.escape(claim.text if claim else d.claim)}</td>"
                     f"<td>{badge(d.verdict)}</td><td>{decided}</td><td>{html.escape(d.conditions or '')}</td>"
                     f"<td>{links}</td></tr>")
