@@ -69,6 +69,10 @@ def read_page(browser, path: Path, width: int = 1280, media: str = "screen") -> 
         }};
     }}""")
     facts["wide_tables"] = page.evaluate(_TABLES_JS)
+    # where the front page's verdicts start, from the top of the page (CSS pixels)
+    facts["verdicts_top"] = page.evaluate("""() => {
+        const h = [...document.querySelectorAll('h2')].find(e => e.textContent.trim().startsWith('The verdicts'));
+        return h ? h.getBoundingClientRect().top + window.scrollY : null; }""")
     page.close()
     facts["errors"] = errors
     return facts
@@ -94,6 +98,8 @@ def test_committed_page_reads_well(browser, path):
     assert facts["zh"] >= 1 and facts["fontLoaded"], f"{path.name}: no Chinese drawn with the embedded font"
     if path.name == "index.html":
         assert facts["images"] >= 1  # the claimed-vs-measured figure
+        # a reader at 1280x900 sees the verdicts begin on the first screen, heading and first lines
+        assert facts["verdicts_top"] is not None and facts["verdicts_top"] < 900 - 150, facts["verdicts_top"]
 
 
 # A4 with the printer's default margins leaves about 700 CSS pixels of line.
