@@ -47,6 +47,11 @@ ROLES = (DECISION, PART)
 MIN_UNITS = {"prompts": 10, "requests": 10, "documents": 10, "repeats": 5}
 
 
+# The source document: its title as written, and in English (the claims below quote its body).
+SOURCE_TITLE_ZH = "大模型推理架构优化：从自回归到并行的高效设计"
+SOURCE_TITLE_EN = "Optimising inference architectures for large models: efficient design from autoregressive to parallel"
+
+
 @dataclass(frozen=True)
 class Claim:
     id: str

@@ -386,3 +386,15 @@ def test_selection_and_confirmation_stand_side_by_side_for_each_chosen_stack():
     r = got.iloc[0]
     assert r["TTFT gain, selection pass"] == "12.39" and r["TTFT gain, confirmation run"] == "11.50"
     assert r["speed-up, confirmation run"] == "1.00 [0.98, 1.07]" and r["requests (selection / confirmation)"] == "10 / 12"
+
+
+def test_a_stack_slower_than_a_shorter_one_is_cut_back_to_it():
+    """Prompt lookup helped alone, but the prefix cache + prompt lookup stack measured slower than the
+    prefix cache alone: the settled stack is the prefix cache, and the note says why."""
+    plan = stk.plan_stack({cc.PREFIX: (3.0, 2.8, 3.2), "prompt-lookup": (1.3, 1.1, 1.5)}, True, always)
+    assert plan.stack == (cc.PREFIX, "prompt-lookup")
+    names = [cc.make_arm(t, OPTS, ATT).name for t in plan.chain]
+    summary = pd.DataFrame({"workload": ["w", "w", "x", "x"], "arm": names + names, "speedup": [3.0, 2.5, 3.0, 3.4]})
+    settled = stk.settle_stacks({"w": plan, "x": plan}, summary, OPTS, ATT)
+    assert settled["w"].stack == (cc.PREFIX,) and "dropped: measured 2.50x, below the 3.00x" in settled["w"].notes[-1]
+    assert settled["x"].stack == plan.stack and settled["x"].notes == plan.notes  # the longer stack was faster

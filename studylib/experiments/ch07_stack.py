@@ -2,10 +2,11 @@
 gains multiply.
 
 ``plan_stack`` is the rule (pure, tested): a technique joins the stack only if it helped alone
-(speedup > 1 on that workload), composes with the rest in this checkout (probed with a tiny request),
-and, if lossy, kept the quality bar alone. Order: prefix cache, then the fastest lossless decoder, then
-window attention. The chosen stack is measured in a second pass, so its own number is not the maximum
-of several noisy candidates (only the choice of decoder is).
+(the low end of its CI above 1 on that workload), composes with the rest in this checkout (probed with a
+tiny request), and, if lossy, kept the quality bar alone. Order: prefix cache, then the fastest lossless
+decoder, then window attention. Once every step of the chain is measured, ``settle_stacks`` cuts it back
+to its fastest step. The chosen stack is measured again in a confirmation run on fresh requests, so its
+reported number is not the maximum of several noisy candidates.
 
 The waterfall telescopes exactly: with m(arm) the median e2e latency of an arm over the workload's
 requests, m(ar) / m(stack) = prod_k m(step k-1) / m(step k), so the log bars add up to the stack's
@@ -175,6 +176,30 @@ def plan_stacks(model, tokenizer, summary: pd.DataFrame, quality: pd.DataFrame, 
                  if len(t) == 1}
         plans[wl] = plan_stack(speed, ok.get(wl, False), composable)
     return plans
+
+
+def settle_stacks(plans: Mapping[str, StackPlan], summary: pd.DataFrame, options: Mapping[str, dict],
+                  attention: str) -> dict[str, StackPlan]:
+    """Each workload's chain cut back to its fastest step, once every step has been measured: a technique
+    that helped alone can still slow the stack it joins (its gain overlaps the others'), and a stack slower
+    than a shorter one is no stack to confirm. Point values of this pass decide; the confirmation run
+    measures the settled stack again on fresh requests, so picking here biases nothing it reports."""
+    out = {}
+    for wl, plan in plans.items():
+        g = summary[summary.workload == wl].set_index("arm").speedup
+        speeds = [float(g.get(make_arm(t, options, attention).name, float("nan"))) for t in plan.chain]
+        if len(speeds) < 2 or any(np.isnan(speeds)):
+            out[wl] = plan
+            continue
+        best = int(np.argmax(speeds))
+        if best == len(speeds) - 1:
+            out[wl] = plan
+            continue
+        cut = [make_arm(t, options, attention).name for t in plan.chain[best + 1:]]
+        out[wl] = StackPlan(plan.chain[:best + 1], [*plan.notes, (
+            f"{', then '.join(cut)} dropped: measured {speeds[-1]:.2f}x, below the {speeds[best]:.2f}x of "
+            f"{make_arm(plan.chain[best], options, attention).name}")])
+    return out
 
 
 def plans_frame(plans: Mapping[str, StackPlan], options, attention) -> pd.DataFrame:

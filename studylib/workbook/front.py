@@ -21,6 +21,8 @@ from studylib.claims import (
     FAILS,
     HOLDS,
     INCONCLUSIVE,
+    SOURCE_TITLE_EN,
+    SOURCE_TITLE_ZH,
     Verdict,
     load_chapter,
     load_verdicts,
@@ -385,7 +387,8 @@ def write_front_page(out: Path, index: Mapping[str, Any], chapters: Sequence[tup
         "on one configuration; a claim tested in two chapters takes each chapter as a condition.</p>",
         rest,
         "<h2>What the source document says</h2>",
-        "<p>The source is a short essay in Chinese on designing fast inference for large language models, from "
+        f"<p>The source is a short essay in Chinese, “{zh(SOURCE_TITLE_ZH)}” "
+        f"(<i>{html.escape(SOURCE_TITLE_EN)}</i>), on designing fast inference for large language models, from "
         "token-by-token (autoregressive) decoding to parallel decoding. Its headline:</p>",
         f"<blockquote class='source'><p>{zh(c7.quote_zh)}</p><p><i>{html.escape(c7.text)}</i></p></blockquote>",
         "<p>The essay makes nine claims in all (C1 to C9 above): from why token-by-token decoding is slow, through "
