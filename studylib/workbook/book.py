@@ -60,8 +60,11 @@ nav.book.bottom { border-top: 1px solid #e1e4e8; border-bottom: none; margin-top
 .same-kind h4 { margin: 0.3em 0; font-size: 1em; } .same-kind ul { margin: 0.2em 0 0.4em; padding-left: 1.2em; }
 .settings { font-size: 0.85em; color: #555; margin: 0.3em 0 1em; }
 /* A table fits its container: a cell may break anywhere, so a wide table wraps instead of running out of
-   its box (tests/test_book_browser.py measures every table against its container). */
-th, td { overflow-wrap: anywhere; }
+   its box (tests/test_book_browser.py measures every table against its container). A header breaks only
+   between words: its longest word sets the column's least width, so a short column ("claim", "chapter")
+   never shrinks to a letter a line. */
+td { overflow-wrap: anywhere; }
+th { overflow-wrap: normal; word-break: normal; }
 .rendered-from { font-size: 0.8em; color: #666; margin-top: 2em; border-top: 1px solid #eee; padding-top: 0.4em; }
 .badge { display: inline-block; padding: 1px 7px; border-radius: 4px; font-size: 0.9em; white-space: nowrap;
          font-weight: bold; }
@@ -495,7 +498,8 @@ PRINT_CSS = """
   .table-wrap, .output_html, .output_subarea, .output_area, div.jp-RenderedHTMLCommon {
     overflow: visible !important; max-width: 100% !important; }
   table { font-size: 7pt !important; max-width: 100% !important; table-layout: auto; }
-  th, td { overflow-wrap: anywhere; word-break: normal; padding: 1px 3px !important; }
+  th, td { word-break: normal; padding: 1px 3px !important; }
+  td { overflow-wrap: anywhere; } th { overflow-wrap: normal; }
   ::-webkit-scrollbar { display: none; }
 }
 """

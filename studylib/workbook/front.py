@@ -48,6 +48,9 @@ table.claims, table.chapters { border-collapse: collapse; width: 100%; font-size
 table.claims th, table.claims td, table.chapters th, table.chapters td { text-align: left; vertical-align: top;
        padding: 5px 7px; border-top: 1px solid #ddd; }
 table.claims th, table.chapters th { background: #f0f0f0; }
+/* the claims table's prose columns share the width; the deciding number gets as much as the claim */
+table.claims th:nth-child(2) { width: 22%; } table.claims th:nth-child(4) { width: 28%; }
+table.claims th:nth-child(5) { width: 28%; }
 .table-wrap { max-width: 100%; overflow-x: auto; }
 blockquote.source { border-left: 3px solid #0b5cad; background: #f7f9fc; margin: 0.6em 0; padding: 0.4em 1em; }
 #search { width: 100%; max-width: 30em; padding: 4px 6px; font-size: 1em; }
