@@ -428,10 +428,11 @@ def speedup_figure(summary: pd.DataFrame, by: str = "workload", title: str = "Sp
     groups, methods = list(dict.fromkeys(s[by])), list(dict.fromkeys(s.method))
     width = 0.8 / max(len(methods), 1)
     fig, ax = plt.subplots(figsize=plots.FIGSIZE)
+    pal = plots.palette(methods)  # every method its own colour, even two unknown names hashing alike
     for j, m in enumerate(methods):
         d = s[s.method == m].set_index(by).reindex(groups)
         x = np.arange(len(groups)) - 0.4 + width * (j + 0.5)
-        ax.bar(x, d.speedup, width, label=m, color=plots.color(m))
+        ax.bar(x, d.speedup, width, label=m, color=pal[m])
         ax.errorbar(x, d.speedup, yerr=[d.speedup - d.speedup_lo, d.speedup_hi - d.speedup], fmt="none",
                     ecolor="black", capsize=2, lw=0.8)
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")

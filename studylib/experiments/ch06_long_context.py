@@ -111,10 +111,11 @@ def plot_frontier(summary: pd.DataFrame):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots()
+    pal = plots.palette(sorted(summary[summary.kind != "dense"].kind.unique()))
     for kind, g in summary[summary.kind != "dense"].groupby("kind"):
         g = g.sort_values("budget_frac")
         err = [g.ppl_ratio - g.ppl_ratio_low, g.ppl_ratio_high - g.ppl_ratio]
-        ax.errorbar(g.budget_frac, g.ppl_ratio, yerr=err, marker="o", capsize=3, label=kind, color=plots.color(kind))
+        ax.errorbar(g.budget_frac, g.ppl_ratio, yerr=err, marker="o", capsize=3, label=kind, color=pal[kind])
     ax.axhline(1.01, color="grey", ls=":", lw=1)
     ax.annotate("1% worse than dense", (ax.get_xlim()[0], 1.01), textcoords="offset points", xytext=(4, 3),
                 fontsize="x-small", color="grey")
@@ -132,11 +133,13 @@ def plot_nll_gap(result: dict, smooth: int = 128):
 
     fig, ax = plt.subplots()
     dense = result["runs"]["dense"]["nll"]
+    # each pattern in its family's colour, two of one family in two shades of it
+    pal = plots.family_palette([s for s in result["runs"] if s != "dense"], lambda s: Pattern.parse(s).kind)
     for spec, r in result["runs"].items():
         if spec == "dense":
             continue
         gap = pd.Series(r["nll"] - dense).rolling(smooth, min_periods=1).mean()
-        ax.plot(np.arange(1, len(gap) + 1), gap, label=spec, color=plots.color(Pattern.parse(spec).kind), lw=1)
+        ax.plot(np.arange(1, len(gap) + 1), gap, label=spec, color=pal[spec], lw=1)
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xlabel("position in the text (tokens)")
     ax.set_ylabel(f"NLL gap vs dense (nats, mean of {smooth})")
