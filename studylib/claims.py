@@ -578,7 +578,9 @@ def verdict_table(verdicts: Sequence[Verdict]):
     rows are indented under their claim's decision."""
     df = verdict_frame(verdicts)
     df["id"] = [f" {i} (part)" if r == PART else i for i, r in zip(df["id"], df["role"], strict=True)]
-    df = df.drop(columns=["role"])
+    # The claim's words stand above the table (the chapter's claim box, the front page's claims table):
+    # repeated on every row they took the width the metric needs.
+    df = df.drop(columns=["role", "claim"])
     styler = df.style.hide(axis="index").map(lambda v: f"background-color: {_COLOURS.get(v, '')}",
                                              subset=["verdict"])
     styler = styler.set_table_attributes('class="verdict-table"')
@@ -587,9 +589,10 @@ def verdict_table(verdicts: Sequence[Verdict]):
         {"selector": "th", "props": "text-align: left; background: #f0f0f0; padding: 4px 6px;"},
         {"selector": "td", "props": "text-align: left; vertical-align: top; padding: 4px 6px; "
                                     "border-top: 1px solid #ddd;"},
-        # readable prose columns on a wide screen, yet the table still fits a narrow one
-        {"selector": "td.col1, td.col7", "props": "min-width: min(16em, 22vw); max-width: 30em;"},
-        {"selector": "td.col6", "props": "font-weight: bold; white-space: nowrap;"},
+        # readable prose columns (metric, conditions) on a wide screen, yet the table still fits a narrow one
+        {"selector": "td.col1, td.col6", "props": "min-width: min(12em, 16vw); max-width: 30em;"},
+        {"selector": "td.col0", "props": "white-space: nowrap;"},
+        {"selector": "td.col5", "props": "font-weight: bold; overflow-wrap: normal;"},
     ])
 
 

@@ -60,11 +60,14 @@ nav.book.bottom { border-top: 1px solid #e1e4e8; border-bottom: none; margin-top
 .same-kind h4 { margin: 0.3em 0; font-size: 1em; } .same-kind ul { margin: 0.2em 0 0.4em; padding-left: 1.2em; }
 .settings { font-size: 0.85em; color: #555; margin: 0.3em 0 1em; }
 /* A table fits its container: a cell may break anywhere, so a wide table wraps instead of running out of
-   its box (tests/test_book_browser.py measures every table against its container). A header breaks only
-   between words: its longest word sets the column's least width, so a short column ("claim", "chapter")
-   never shrinks to a letter a line. */
-td { overflow-wrap: anywhere; }
-th { overflow-wrap: normal; word-break: normal; }
+   its box (tests/test_book_browser.py measures every table against its container). A cell that is one
+   short word ("C1", "q4_1", "0.994", marked when the page is written) stays on one line, so a short column
+   never shrinks to a letter a line; a table of many columns is set smaller so those still fit. */
+th, td { overflow-wrap: anywhere; }
+td[data-short], th[data-short] { overflow-wrap: normal; white-space: nowrap; }
+table:has(tr > :nth-child(11)) { font-size: 0.8em; }
+table:has(tr > :nth-child(16)) { font-size: 0.72em; }
+table:has(tr > :nth-child(11)) :is(td, th) { padding-left: 3px !important; padding-right: 3px !important; }
 .rendered-from { font-size: 0.8em; color: #666; margin-top: 2em; border-top: 1px solid #eee; padding-top: 0.4em; }
 .badge { display: inline-block; padding: 1px 7px; border-radius: 4px; font-size: 0.9em; white-space: nowrap;
          font-weight: bold; }
@@ -120,12 +123,20 @@ def rendered_note() -> str:
 
 
 _RENDERED = re.compile(r"<p class='rendered-from'>.*?</p>", re.S)
+# A table cell whose whole text is one short word ("C1", "q4_1", "0.994"): marked to stay on one line.
+_SHORT_CELL = re.compile(r"<(td|th)((?:\s[^>]*)?)>(\s*[^<\s]{1,8}\s*)</\1>")
+
+
+def keep_short_cells(body: str) -> str:
+    return _SHORT_CELL.sub(lambda m: m[0] if "data-short" in m[2] else f"<{m[1]}{m[2]} data-short>{m[3]}</{m[1]}>",
+                           body)
 
 
 def page(title: str, body: str, extra_css: str = "", script: str = "") -> str:
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' "
             f"content='width=device-width, initial-scale=1'><title>{html.escape(title)}</title>"
-            f"<style>{css(extra_css)}</style></head><body>{_RENDERED.sub('', body)}{rendered_note()}"
+            f"<style>{css(extra_css)}</style></head><body>{keep_short_cells(_RENDERED.sub('', body))}"
+            f"{rendered_note()}"
             + (f"<script>{script}</script>" if script else "") + "</body></html>")
 
 
@@ -498,8 +509,8 @@ PRINT_CSS = """
   .table-wrap, .output_html, .output_subarea, .output_area, div.jp-RenderedHTMLCommon {
     overflow: visible !important; max-width: 100% !important; }
   table { font-size: 7pt !important; max-width: 100% !important; table-layout: auto; }
-  th, td { word-break: normal; padding: 1px 3px !important; }
-  td { overflow-wrap: anywhere; } th { overflow-wrap: normal; }
+  th, td { overflow-wrap: anywhere; word-break: normal; padding: 1px 3px !important; }
+  table:has(tr > :nth-child(16)) { font-size: 6pt !important; }
   ::-webkit-scrollbar { display: none; }
 }
 """
