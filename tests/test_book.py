@@ -71,7 +71,7 @@ def test_setup_cells_hidden_and_settings_in_appendix(tmp_path):
     page = (out / "ch01.html").read_text(encoding="utf-8")
     assert "import math" not in page and "plots.setup" not in page
     assert "secret_default" not in page and "secret_injected" not in page
-    assert "measure_things" in page and "<td>42</td>" in page  # the work itself stays
+    assert "measure_things" in page and "<td data-short>42</td>" in page  # the work itself stays
     assert "Run: tiny" in page and "profile cpu" in page
     assert page.index("Run: tiny") < page.index("A section")
     assert "<details class='appendix'>" in page and "Appendix: every parameter" in page
@@ -248,3 +248,13 @@ def test_the_committed_front_page_figure_was_checked_and_is_clean():
     log = Path(__file__).resolve().parents[1] / "reports" / "cpu" / "claims_vs_measured.figures.json"
     assert log.exists(), "render the book (studylib book --profile cpu) so the front page's figure is checked"
     assert json.loads(log.read_text())["defects"] == []
+
+
+def test_a_short_cell_is_marked_to_stay_on_one_line():
+    from studylib.workbook.book import keep_short_cells
+
+    html = "<tr><th>claim</th><td class='x'>q4_1</td><td>a longer cell</td><td>0.0748</td><td>averylongword</td></tr>"
+    got = keep_short_cells(html)
+    assert got == ("<tr><th data-short>claim</th><td class='x' data-short>q4_1</td><td>a longer cell</td>"
+                   "<td data-short>0.0748</td><td>averylongword</td></tr>")
+    assert keep_short_cells(got) == got  # marked once
