@@ -149,9 +149,15 @@ def parse(text: str, path: Path = DECLARATIONS) -> dict[str, Declaration]:
 def load(path: str | Path | None = None) -> dict[str, Declaration]:
     path = Path(path) if path else DECLARATIONS
     try:
-        return parse(path.read_text(encoding="utf-8"), path)
+        return _parsed(path.read_text(encoding="utf-8"), str(path))
     except OSError as exc:
         raise StudylibError(f"cannot read the declarations {path} ({exc}).") from None
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(text: str, path: str) -> dict[str, Declaration]:
+    # keyed by the text itself: reading the file is cheap, parsing its YAML is not (pages ask once per row)
+    return parse(text, Path(path))
 
 
 def declared(claim: str, chapter: int, path: str | Path | None = None) -> Declaration:
@@ -170,7 +176,9 @@ def bar_origin(v: Verdict, path: str | Path | None = None) -> str | None:
     except StudylibError:
         return None
     row = next((r for r in decl.rows if r.matches(v)), None)
-    return BAR_SOURCES.get(row.source) if row is not None and row.source else None
+    if row is None or not row.source or row.bar is None or v.threshold is None or abs(row.bar - v.threshold) > 1e-12:
+        return None  # a bar other than the declared one has no declared origin
+    return BAR_SOURCES.get(row.source)
 
 
 def exploratory(row: Verdict, why: str) -> Verdict:
@@ -252,18 +260,31 @@ def registrations(path: str | Path | None = None) -> dict[str, str]:
     return dict(_registrations(str(p), p.read_text(encoding="utf-8"), head))
 
 
+def _deciding(raw: Any) -> Any:
+    """What of an entry decides a verdict: everything but its prose (``notes``) and where each bar comes
+    from (a row's ``source``). Writing those down later changes no decision, so it re-registers nothing."""
+    if not isinstance(raw, Mapping):
+        return raw
+    out = {k: v for k, v in raw.items() if k != "notes"}
+    if isinstance(out.get("rows"), list):
+        out["rows"] = [{k: v for k, v in r.items() if k != "source"} if isinstance(r, Mapping) else r
+                       for r in out["rows"]]
+    return out
+
+
 @functools.lru_cache(maxsize=8)
 def _registrations(path: str, text: str, head: str) -> tuple[tuple[str, str], ...]:
     # ``head`` is part of the cache key only: a new commit can change which commit registered an entry.
     p = Path(path)
-    current = {k: v.raw for k, v in parse(text, p).items()}
+    current = {k: _deciding(v.raw) for k, v in parse(text, p).items()}
     rc, log = _git("log", "--format=%H", "--", p.name, cwd=p.parent)
     history = [h for h in log.split() if h] if rc == 0 else []
     versions = []  # newest first: (commit, {key: raw})
     for h in history:
         rc, old = _git("show", f"{h}:./{p.name}", cwd=p.parent)
         try:
-            versions.append((h, {k: (v or {}) for k, v in (yaml.safe_load(old) or {}).items()} if rc == 0 else {}))
+            versions.append((h, {k: _deciding(v or {}) for k, v in (yaml.safe_load(old) or {}).items()}
+                                 if rc == 0 else {}))
         except yaml.YAMLError:
             versions.append((h, {}))
     out = {}

@@ -407,6 +407,8 @@ def block_table(lengths: Sequence[int] = (40, 52, 35), shared: int = 32, block_s
     # the pool starts right of the longest block table, and wraps at 8 blocks a row
     x0 = max(len(phys) for phys in placements) * 0.9 + 0.7
     pool_rows = math.ceil(pool / 8)
+    # 9.5 inches held the drawing's old fixed range of 11.9 units (pool at x = 5.3): keep that scale, so the
+    # text keeps its size as the drawing widens, and add height for rows past three
     fig.set_size_inches(9.5 * (x0 + 6.6) / 11.9, 3.0 + 0.45 * max(0, pool_rows - 3, len(lengths) - 3))
     for s, phys in enumerate(placements):
         y = 2.2 - s * 0.75

@@ -148,7 +148,9 @@ def legend_below(fig, ax, ncol: int = 4) -> None:
     legend = ax.get_legend()
     if legend is None:
         return
-    handles, labels = ax.get_legend_handles_labels()
+    # the legend's own entries: a legend built from stand-in handles (a key of colours) has no labelled
+    # artists for get_legend_handles_labels to find
+    handles, labels = list(legend.legend_handles), [t.get_text() for t in legend.get_texts()]
     legend.remove()
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()

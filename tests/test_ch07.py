@@ -386,6 +386,8 @@ def test_selection_and_confirmation_stand_side_by_side_for_each_chosen_stack():
     r = got.iloc[0]
     assert r["TTFT gain, selection pass"] == "12.39" and r["TTFT gain, confirmation run"] == "11.50"
     assert r["speed-up, confirmation run"] == "1.00 [0.98, 1.07]" and r["requests (selection / confirmation)"] == "10 / 12"
+    nan = report.selection_vs_confirmation(sel, conf.assign(ttft_speedup=float("nan")))
+    assert nan.iloc[0]["TTFT gain, confirmation run"] == "-"  # never "nan" on the page
 
 
 def test_a_stack_slower_than_a_shorter_one_is_cut_back_to_it():
@@ -396,5 +398,10 @@ def test_a_stack_slower_than_a_shorter_one_is_cut_back_to_it():
     names = [cc.make_arm(t, OPTS, ATT).name for t in plan.chain]
     summary = pd.DataFrame({"workload": ["w", "w", "x", "x"], "arm": names + names, "speedup": [3.0, 2.5, 3.0, 3.4]})
     settled = stk.settle_stacks({"w": plan, "x": plan}, summary, OPTS, ATT)
-    assert settled["w"].stack == (cc.PREFIX,) and "dropped: measured 2.50x, below the 3.00x" in settled["w"].notes[-1]
+    assert settled["w"].stack == (cc.PREFIX,)
+    assert settled["w"].notes[-1] == "prompt-lookup dropped: the stack with it measured 2.50x, below the 3.00x of prefix cache"
     assert settled["x"].stack == plan.stack and settled["x"].notes == plan.notes  # the longer stack was faster
+    # a step not measured (NaN) settles nothing; a tie keeps the shorter stack (argmax takes the first)
+    unmeasured = summary.assign(speedup=[3.0, float("nan"), 3.0, 3.0])
+    again = stk.settle_stacks({"w": plan, "x": plan}, unmeasured, OPTS, ATT)
+    assert again["w"] == plan and again["x"].stack == (cc.PREFIX,)

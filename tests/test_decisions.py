@@ -147,7 +147,16 @@ def test_every_bar_says_where_it_comes_from(tmp_path):
     assert decisions.bar_origin(judge_at_least("C2", "a", (1, 1, 1, 10), 2.0, "", "", 1), path) is None
 
 
-def test_the_studys_declarations_name_every_bars_source():
-    for decl in decisions.load().values():
-        for r in decl.rows:
-            assert (r.bar is None) == (r.source is None), (decl.key, r.match)
+def test_writing_down_a_bars_source_or_a_note_later_reregisters_nothing(tmp_path):
+    """Where a bar comes from and the prose beside it decide nothing: adding them after a result keeps the
+    result confirmatory. Changing the bar itself does not (the test above)."""
+    _git(tmp_path, "init", "-q")
+    path = tmp_path / "decisions.yaml"
+    path.write_text(DECL.replace(", source: study", ""))
+    first = _git(tmp_path, "add", "decisions.yaml") and _git(tmp_path, "commit", "-qm", "declare")
+    path.write_text(DECL + "  notes: study's choice, said later\n")
+    _git(tmp_path, "commit", "-qam", "say where the bar comes from")
+    rows = decisions.stamp(_rows(), 1, path)
+    out = decisions.apply_registration(_record(rows, first), path)["verdicts"]
+    assert out[0].verdict == HOLDS and not out[0].exploratory
+    assert decisions.registrations(path)["C1@1"] == first

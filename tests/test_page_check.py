@@ -31,7 +31,7 @@ def test_unrendered_backticks_are_found():
 @pytest.mark.parametrize("header, found", [
     ("step_ms_low", "snake_case"), ("index", "index"), ("('rows', '')", "tuple"),
     ("step ms (low)", None), ("TTFT speedup", None), ("q4_1", None), ("q4_k_m", None), ("kv_int8", "snake_case"),
-    ("top1_1", "snake_case"), ("tokens_vs_batch1", "snake_case"),
+    ("top1_1", "snake_case"), ("tokens_vs_batch1", "snake_case"), ("q95_ms", "snake_case"), ("iq4_nl", None),
 ])
 def test_table_headers(header, found):
     got = page_defects(f"<table><thead><tr><th>{header}</th></tr></thead><tbody><tr><td>1</td></tr></tbody></table>")

@@ -219,3 +219,18 @@ def test_every_workload_keeps_one_colour_of_its_own():
     methods = {v for k, v in plots.PALETTE.items() if k not in names}
     assert len(set(colours)) == len(colours) and not set(colours) & methods
     assert plots.palette(["multi_turn", "ar"])["multi_turn"] == plots.palette(["xsum", "multi_turn"])["multi_turn"]
+
+
+def test_a_legend_below_keeps_the_entries_of_a_legend_built_from_stand_in_handles():
+    """A key of colours (handles drawn nowhere, as the front page's verdict key) survives the move."""
+    import matplotlib.pyplot as plt
+
+    from studylib import plots
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    keys = [plt.Line2D([], [], marker="o", ls="", color=c, label=k) for k, c in (("holds", "g"), ("fails", "r"))]
+    ax.legend(handles=keys)
+    plots.legend_below(fig, ax)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["holds", "fails"]
+    plt.close(fig)

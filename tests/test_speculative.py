@@ -342,7 +342,7 @@ def test_draft_table_times_each_drafter_and_says_what_its_forward_is(tiny):
     from studylib.experiments.ch02_drafts import draft_table
     from studylib.workbook.tables import CAPTION_KEY
 
-    model = tiny[0] if isinstance(tiny, tuple) else tiny
+    model = tiny[0]  # load_model returns (model, tokenizer)
     table = draft_table(model, {"self:0": SelfDraft((0,))}, None)
     assert table.draft.tolist() == ["target", "self:0"] and table.measured_c.iloc[0] == 1.0
     assert table.forward_ms.gt(0).all() and table.layers.tolist() == [model.config.num_layers, model.config.num_layers - 1]

@@ -202,8 +202,28 @@ def test_the_resume_key_names_uncommitted_code_and_the_machine():
     assert a != b and a["cpu"] and a["isa"]
 
 
-@pytest.mark.parametrize("log", sorted((Path(__file__).parents[1] / "reports").glob("*/sweeps/*/figures.json")),
-                         ids=lambda p: p.parent.name)
+SWEEP_FIGURE_LOGS = sorted((Path(__file__).parents[1] / "reports").glob("*/sweeps/*/figures.json"))
+
+
+def test_every_committed_sweep_has_its_figure_log():
+    sweeps = sorted((Path(__file__).parents[1] / "reports").glob("*/sweeps/*/sweep.json"))
+    assert sweeps and [s.with_name("figures.json") for s in sweeps] == SWEEP_FIGURE_LOGS
+
+
+@pytest.mark.parametrize("log", SWEEP_FIGURE_LOGS, ids=lambda p: p.parent.name)
 def test_committed_sweep_figures_were_checked_and_are_clean(log):
     got = json.loads(log.read_text())
     assert got["figures"] >= 1 and got["defects"] == [], "; ".join(got["defects"])
+
+
+def test_a_wide_grid_keeps_its_figure_to_a_page_and_its_labels_apart(tmp_path):
+    from studylib.sweep.page import _figure
+
+    pts = [(f"model=random:a-rather-long-model-name-{i}, threads=2", 1 + i / 10, 0.9 + i / 10, 1.2 + i / 10, 1.0)
+           for i in range(20)]
+    defects: list[str] = []
+    _figure("C1 ch01: a quantity", pts, tmp_path / "q.png", defects)
+    assert defects == [] and (tmp_path / "q.png").exists()
+    from PIL import Image
+
+    assert Image.open(tmp_path / "q.png").size[0] <= 12 * 110 + 50  # at most 12 inches at 110 dpi

@@ -82,10 +82,11 @@ def forward_seconds(model: LlamaModel, drafter=None, context: int = 128, repeats
     return float(np.median(times[1:]))
 
 
-def draft_table(model: LlamaModel, drafters: Mapping[str, object], meta: dict | None) -> pd.DataFrame:
+def draft_table(model: LlamaModel, drafters: Mapping[str, object], meta: dict | None, context: int = 128,
+                repeats: int = 7) -> pd.DataFrame:
     """Size and cost of each draft next to the target: parameters, weight-traffic ratio, measured
-    forward-time ratio c (the quantity the speedup formula needs), and the training summary."""
-    context, repeats = 128, 7
+    forward-time ratio c (the quantity the speedup formula needs), and the training summary. Each forward
+    is timed as ``forward_seconds`` times it, after ``context`` tokens, median of ``repeats``."""
     t_target = forward_seconds(model, context=context, repeats=repeats)
     rows = [{"draft": "target", "layers": model.config.num_layers, "params_M": model.config.num_params / 1e6,
              "weights_ratio": 1.0, "forward_ms": 1e3 * t_target, "measured_c": 1.0}]

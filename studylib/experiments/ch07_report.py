@@ -222,15 +222,19 @@ CONFIRMATION_WHY = (
     "chosen are biased upwards. The confirmation run draws fresh requests and runs each chosen stack against "
     "AR again, interleaved: C7's verdict reads it. Its figures differ from the selection pass's by that bias "
     "and by the spread between two sets of requests; the table below sets the two side by side. C8's checks "
-    "read the selection pass, because they judge nothing that was chosen there (the prefix cache on the "
-    "shared-system-prompt workload and the sparse pattern are declared before the run).")
+    "read the selection pass, where nothing they judge was picked by its own number: the prefix cache on the "
+    "shared-system-prompt workload and the sparse pattern are declared before the run, and the stacking check "
+    "reads each stack the plan built from the single techniques, before the stack itself was measured.")
 
 
 def selection_vs_confirmation(selected: pd.DataFrame, confirmed: pd.DataFrame) -> pd.DataFrame:
     """Each chosen stack's end-to-end speed-up and TTFT gain in the selection pass and in the confirmation
     run, side by side, so a number that appears in both places carries the other beside it."""
-    def ci(r, v, lo, hi):
-        return f"{r[v]:.2f} [{r[lo]:.2f}, {r[hi]:.2f}]" if pd.notna(r.get(lo)) else f"{r[v]:.2f}"
+    def ci(r, v, lo=None, hi=None):
+        if pd.isna(r.get(v)):
+            return "-"  # not measured
+        return f"{r[v]:.2f} [{r[lo]:.2f}, {r[hi]:.2f}]" if lo and pd.notna(r.get(lo)) and pd.notna(r.get(hi)) \
+            else f"{r[v]:.2f}"
 
     rows = []
     conf = {(r.workload, r.stack): r for r in confirmed.itertuples()}
@@ -242,8 +246,8 @@ def selection_vs_confirmation(selected: pd.DataFrame, confirmed: pd.DataFrame) -
         rows.append({"workload": r["workload"], "stack": r["stack"],
                      "speed-up, selection pass": ci(r, "speedup", "low", "high"),
                      "speed-up, confirmation run": ci(c, "speedup", "low", "high"),
-                     "TTFT gain, selection pass": f"{r['ttft_speedup']:.2f}",
-                     "TTFT gain, confirmation run": f"{c['ttft_speedup']:.2f}",
+                     "TTFT gain, selection pass": ci(r, "ttft_speedup"),
+                     "TTFT gain, confirmation run": ci(c, "ttft_speedup"),
                      "requests (selection / confirmation)": f"{int(r['requests'])} / {int(c['requests'])}"})
     return pd.DataFrame(rows)
 

@@ -195,10 +195,10 @@ def settle_stacks(plans: Mapping[str, StackPlan], summary: pd.DataFrame, options
         if best == len(speeds) - 1:
             out[wl] = plan
             continue
-        cut = [make_arm(t, options, attention).name for t in plan.chain[best + 1:]]
+        cut = [t for t in plan.stack if t not in plan.chain[best]]
         out[wl] = StackPlan(plan.chain[:best + 1], [*plan.notes, (
-            f"{', then '.join(cut)} dropped: measured {speeds[-1]:.2f}x, below the {speeds[best]:.2f}x of "
-            f"{make_arm(plan.chain[best], options, attention).name}")])
+            f"{' and '.join(cut)} dropped: the stack with {'them' if len(cut) > 1 else 'it'} measured "
+            f"{speeds[-1]:.2f}x, below the {speeds[best]:.2f}x of {make_arm(plan.chain[best], options, attention).name}")])
     return out
 
 

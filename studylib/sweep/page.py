@@ -89,14 +89,17 @@ def _figure(name: str, pts: list, path: Path, defects: list[str]) -> Path:
     # model names set side by side at a slant overlapped (the figure check found them).
     ticks = [p[0].replace(", ", "\n") for p in pts]
     widest = max(len(line) for t in ticks for line in t.split("\n"))
-    fig, ax = plt.subplots(figsize=(max(4.5, len(pts) * (0.075 * widest + 0.3) + 1.5), 3.4))
+    want = len(pts) * (0.075 * widest + 0.3) + 1.5
+    # Side by side up to a page's width; a grid too wide for that turns its labels upright instead.
+    upright = want > 12
+    fig, ax = plt.subplots(figsize=(max(4.5, min(want, 12)), 3.4 + (0.06 * widest if upright else 0)))
     xs = list(range(len(pts)))
     ys = [p[1] for p in pts]
     ax.errorbar(xs, ys, yerr=[[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]], fmt="o", capsize=4)
     if pts[0][4] is not None:
         ax.axhline(pts[0][4], color="#a00", linestyle="--", linewidth=1, label=f"bar {pts[0][4]:g}")
         ax.legend(loc="best", fontsize=8)
-    ax.set_xticks(xs, ticks, fontsize=8)
+    ax.set_xticks(xs, ticks, fontsize=8, rotation=90 if upright else 0)
     ax.set_title("\n".join(_wrap(name, 70)), fontsize=9)
     fig.tight_layout()
     return _save(fig, path, defects)

@@ -124,7 +124,7 @@ def rendered_note() -> str:
 
 _RENDERED = re.compile(r"<p class='rendered-from'>.*?</p>", re.S)
 # A table cell whose whole text is one short word ("C1", "q4_1", "0.994"): marked to stay on one line.
-_SHORT_CELL = re.compile(r"<(td|th)((?:\s[^>]*)?)>(\s*[^<\s]{1,8}\s*)</\1>")
+_SHORT_CELL = re.compile(r"""<(td|th)((?:\s(?:[^>"']|"[^"]*"|'[^']*')*)?)>(\s*[^<\s]{1,8}\s*)</\1>""")
 
 
 def keep_short_cells(body: str) -> str:

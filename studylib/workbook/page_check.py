@@ -23,7 +23,7 @@ from html.parser import HTMLParser
 # snake_case: lower-case words joined by underscores ("step_ms_low", "kv_int8", "top1_1"); a block format's
 # name ("q4_1", "q8_0", "q4_k_m") is a name a reader is taught, not a variable.
 SNAKE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
-BLOCK_FORMAT = re.compile(r"^i?q[0-9]+(?:_[a-z0-9]+)+$")
+BLOCK_FORMAT = re.compile(r"^i?q[1-8](?:_[a-z0-9]{1,3}){1,2}$")  # q4_1, q8_0, q4_k_m, iq4_nl; not q95_ms
 BACKTICKS = re.compile(r"`[^`\s][^`]*`")
 # A path inside the repository, written anywhere in the prose.
 REPO_PATH = re.compile(r"(?<![\w/.])(?:studylib|tests|notebooks|benchmarks|reports|data|docs)/[\w./-]*\w")
