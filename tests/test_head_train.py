@@ -76,6 +76,32 @@ def test_training_resumes_where_it_stopped(tmp_path, tiny_corpus):
         assert torch.allclose(v, resumed["head"].state_dict()[k], atol=1e-5), k
 
 
+def test_a_run_killed_between_evaluations_resumes_from_its_last_timed_checkpoint(tmp_path, tiny_corpus, monkeypatch):
+    """checkpoint_minutes=0 saves after every step: a run that dies at step 13, between the evaluations at
+    10 and 20, resumes at 13 and ends where an unbroken run ends."""
+    feat, tok, man = tiny_corpus
+    kw = dict(kind="eagle3", corpus=man["path"], context=16, batch_tokens=256, lr=3e-3, warmup=5, eval_every=10,
+              eval_answers=8, patience=50, head_vocab=64, ttt_steps=2, precision="fp32", decay_steps=30,
+              max_steps=30)
+    whole = ht.train(ht.HeadTrainConfig(**kw), tmp_path / "a", loaded=(feat, tok), progress=False)
+    real, calls = ht.losses, []
+
+    def dies_at_step_14(head, *a, **k):
+        calls.append(head.training)  # held-out evaluations call it too, with the head in eval mode
+        if sum(calls) == 14:
+            raise KeyboardInterrupt("killed")
+        return real(head, *a, **k)
+
+    monkeypatch.setattr(ht, "losses", dies_at_step_14)
+    with pytest.raises(KeyboardInterrupt):
+        ht.train(ht.HeadTrainConfig(checkpoint_minutes=0, **kw), tmp_path / "b", loaded=(feat, tok), progress=False)
+    assert torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)["step"] == 13
+    monkeypatch.setattr(ht, "losses", real)
+    resumed = ht.train(ht.HeadTrainConfig(**kw), tmp_path / "b", loaded=(feat, tok), progress=False)
+    for k, v in whole["head"].state_dict().items():
+        assert torch.allclose(v, resumed["head"].state_dict()[k], atol=1e-5), k
+
+
 def test_bad_head_settings_are_named():
     with pytest.raises(StudylibError, match="kind in"):
         ht.HeadTrainConfig(kind="medusa")

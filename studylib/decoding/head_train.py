@@ -64,6 +64,7 @@ class HeadTrainConfig:
     precision: str = "auto"
     seed: int = 0
     max_minutes: float | None = None
+    checkpoint_minutes: float = 10.0  # also save this often, so a killed run loses minutes, not an eval interval
 
     def __post_init__(self) -> None:
         from studylib.decoding.eagle import HEAD_KINDS
@@ -72,15 +73,15 @@ class HeadTrainConfig:
                   "batch_tokens >= 16": self.batch_tokens >= 16, "lr > 0": self.lr > 0,
                   "max_steps >= 1": self.max_steps >= 1, "decay_steps >= 1": self.decay_steps >= 1, "eval_every >= 1": self.eval_every >= 1,
                   "patience >= 1": self.patience >= 1, "ttt_steps >= 1": self.ttt_steps >= 1,
-                  "head_vocab >= 0": self.head_vocab >= 0, "precision in auto|fp32|bf16":
-                  self.precision in ("auto", "fp32", "bf16")}
+                  "head_vocab >= 0": self.head_vocab >= 0, "checkpoint_minutes >= 0": self.checkpoint_minutes >= 0,
+                  "precision in auto|fp32|bf16": self.precision in ("auto", "fp32", "bf16")}
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
             raise StudylibError(f"head training needs {', '.join(bad)}; fix the option.")
 
     def key(self) -> str:
         d = asdict(self)
-        for k in ("max_minutes", "max_steps", "patience", "min_delta", "eval_every"):
+        for k in ("max_minutes", "max_steps", "patience", "min_delta", "eval_every", "checkpoint_minutes"):
             d.pop(k)  # when to stop is not what is trained
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -345,7 +346,10 @@ def train(cfg: HeadTrainConfig, work: str | Path, loaded: tuple | None = None, p
         step, curve, history, seconds = ckpt["step"], ckpt["curve"], ckpt["history"], ckpt["seconds"]
         finished = ckpt.get("stop")
 
+    last_save = [time.monotonic()]
+
     def save() -> None:
+        last_save[0] = time.monotonic()
         tmp = ckpt_path.with_suffix(".tmp")
         torch.save({"key": key, "vocab": vocab, "head": head.state_dict(), "optim": opt.state_dict(),
                     "step": step, "curve": curve, "history": history, "stop": stop,
@@ -388,6 +392,8 @@ def train(cfg: HeadTrainConfig, work: str | Path, loaded: tuple | None = None, p
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}", top1=f"{st['top1_1']:.2f}",
                             val=f"{curve[-1]['top1_1']:.3f}" if curve else "-")
             bar.update()
+            if time.monotonic() - last_save[0] >= cfg.checkpoint_minutes * 60:
+                save()  # a batch is a function of (seed, step): resuming here trains what would have followed
     if curve[-1]["step"] != step:  # the exported weights' own held-out figures, not an earlier step's
         curve.append({"step": step, "tokens": step * cfg.batch_tokens,
                       **evaluate(head, corpus, embed, w_head, head_ids, w_full, cfg, device)})
