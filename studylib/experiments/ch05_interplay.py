@@ -392,9 +392,9 @@ def vllm_status(vllm: dict | None, out_dir: str | Path) -> str:
         elsewhere = other_machine(peer) if peer is not None else None
         if elsewhere:
             return (f"vLLM CPU: not compared, because {elsewhere}; a side-by-side needs both on one "
-                    "machine. Rerun the peer here on the requests exported below (`benchmarks/peers/README.md`).")
-        return (f"vLLM CPU: not measured here ({where} is absent). It runs from its own virtual environment on the "
-                "requests exported below; see `benchmarks/peers/README.md`.")
+                    "machine. Rerun the peer here on the requests exported below (the README's Peers section says how).")
+        return ("vLLM CPU: not measured here (no vLLM run has left its results beside this chapter's). It runs from "
+                "its own virtual environment on the requests exported below; the README's Peers section says how.")
     n = vllm.get("requests")
     return (f"vLLM CPU {vllm.get('vllm_version', '')}: read from {where.name}, {n} requests served "
             f"{'with' if vllm.get('prefix_caching') else 'without'} prefix caching.")

@@ -809,9 +809,9 @@ def peer_frame(out_dir, decode: pd.DataFrame, arms: Sequence[str] = ("gguf", "gg
 
     path = reports_folder(out_dir) / "peers" / PEER_FILE
     if not path.exists():
-        return None, (f"No llama.cpp run found at `<reports>/peers/{PEER_FILE}`: the peer runs in its own environment "
-                      "(`benchmarks/peers/README.md`), on the prompts this chapter exported, and this section "
-                      "shows it when its JSON is there.")
+        return None, ("No llama.cpp run was found beside this chapter's results: the peer runs in its own "
+                      "environment (the README's Peers section says how), on the prompts this chapter exported, "
+                      "and this section shows it when that run has left its results here.")
     peer = json.loads(path.read_text())
     from studylib.bench.provenance import other_machine
 
@@ -819,7 +819,7 @@ def peer_frame(out_dir, decode: pd.DataFrame, arms: Sequence[str] = ("gguf", "gg
     if elsewhere:
         return None, (f"llama.cpp is not compared here, because {elsewhere}: a side-by-side needs both "
                       "engines on one machine. Rerun the peer here on this run's exported prompts "
-                      "(`benchmarks/peers/README.md`).")
+                      "(the README's Peers section says how).")
     theirs = {int(r["id"]): r for r in peer["prompts"]}
     arms = [a for a in arms if a in set(decode.arm)]
     rows, parts = [], []

@@ -67,6 +67,7 @@ th, td { overflow-wrap: anywhere; }
 td[data-short], th[data-short] { overflow-wrap: normal; white-space: nowrap; }
 table:has(tr > :nth-child(11)) { font-size: 0.8em; }
 table:has(tr > :nth-child(16)) { font-size: 0.72em; }
+@media (max-width: 800px) { table:has(tr > :nth-child(11)) { font-size: 0.64em; } }
 table:has(tr > :nth-child(11)) :is(td, th) { padding-left: 3px !important; padding-right: 3px !important; }
 .rendered-from { font-size: 0.8em; color: #666; margin-top: 2em; border-top: 1px solid #eee; padding-top: 0.4em; }
 .badge { display: inline-block; padding: 1px 7px; border-radius: 4px; font-size: 0.9em; white-space: nowrap;
