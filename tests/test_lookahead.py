@@ -298,3 +298,13 @@ def test_smollm2_greedy_equality():
             jacobi.generate(model, ids, 32, tokenizer=tok, block=6, init="prompt"),
         ):
             assert res.token_ids == ref.token_ids, (text, res.method)
+
+
+def test_trajectory_cells_show_whole_tokens_and_visible_escapes():
+    """Chapter 3's trajectory figure: "reusable" and "bottleneck" stay whole (they were cut to "reusa",
+    "bottl"), a newline shows as \\n, and only a token longer than the cell is cut, with an ellipsis."""
+    from studylib.experiments.ch03_figures import _cell_token
+
+    assert _cell_token(" reusable") == " reusable" and _cell_token("bottleneck") == "bottleneck"
+    assert _cell_token("\n") == "\\n"
+    assert _cell_token("internationalisation") == "internati…" and len(_cell_token("x" * 40)) == 10
