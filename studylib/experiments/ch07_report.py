@@ -233,8 +233,7 @@ def selection_vs_confirmation(selected: pd.DataFrame, confirmed: pd.DataFrame) -
     def ci(r, v, lo=None, hi=None):
         if pd.isna(r.get(v)):
             return "-"  # not measured
-        return f"{r[v]:.2f} [{r[lo]:.2f}, {r[hi]:.2f}]" if lo and pd.notna(r.get(lo)) and pd.notna(r.get(hi)) \
-            else f"{r[v]:.2f}"
+        return _ci(r[v], r[lo], r[hi]) if lo and pd.notna(r.get(lo)) and pd.notna(r.get(hi)) else f"{r[v]:.2f}"
 
     rows = []
     conf = {(r.workload, r.stack): r for r in confirmed.itertuples()}
