@@ -29,6 +29,22 @@ def test_lineplot_ci_draws_precomputed_bands_and_roofline_draws_points():
     plt.close("all")
 
 
+def test_roofline_names_points_that_crowd_under_the_roof_apart():
+    # Chapter 1's shape: batch 16 and batch 32 sit a few pixels apart near the ridge; names placed at one
+    # fixed offset collided there (the figure check caught it on the committed run).
+    from studylib.workbook.figure_check import figure_defects
+
+    points = [{"label": f"batch {b}", "intensity": i, "gflops": g} for b, i, g in
+              [(1, 0.51, 7.1), (2, 1.01, 11.8), (4, 1.98, 19.1), (8, 3.82, 31.5), (16, 7.05, 47.7),
+               (32, 12.3, 57.9)]]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    plots.roofline(ax, 28.7, 266.0, points)
+    plots.tidy(fig)
+    assert len(ax.collections) == 6
+    assert figure_defects(fig) == []
+    plt.close("all")
+
+
 def test_numbers_read_well():
     assert [plots.fmt_number(x) for x in (1397.3, 52.904, 0.0029812, 2039.0, 16, "a")] == [
         "1397", "52.9", "0.00298", "2039", "16", "a"]
