@@ -405,3 +405,27 @@ def test_a_stack_slower_than_a_shorter_one_is_cut_back_to_it():
     unmeasured = summary.assign(speedup=[3.0, float("nan"), 3.0, 3.0])
     again = stk.settle_stacks({"w": plan, "x": plan}, unmeasured, OPTS, ATT)
     assert again["w"] == plan and again["x"].stack == (cc.PREFIX,)
+
+
+def test_auto_draft_reads_chapter_2s_search_and_never_a_leftover_distilled_draft(tiny, tmp_path, monkeypatch):
+    # A distilled draft cached by an earlier train-draft must not change what the chapter measures: a cold
+    # machine would not have it. ``auto`` takes chapter 2's cached self:auto layers, else the early exit.
+    from studylib.decoding import drafts
+    from studylib.experiments.ch07_report import chapter_draft
+
+    model, _ = tiny
+    monkeypatch.setenv("STUDYLIB_CACHE", str(tmp_path))
+    monkeypatch.setattr(drafts, "resolve_draft", _refuse_distilled(drafts.resolve_draft))
+    _, why = chapter_draft(model)
+    assert why.startswith("self:exit:") and "no cached self:auto search" in why
+    (tmp_path / "self_spec").mkdir(exist_ok=True)
+    (tmp_path / "self_spec" / "x.json").write_text(json.dumps({"model": model.config.name, "layers": [0]}))
+    draft, why = chapter_draft(model)
+    assert "cached self:auto search" in why and "distilled" not in why
+
+
+def _refuse_distilled(resolve):
+    def wrapped(spec, model, *a, **k):
+        assert spec != "distilled", "auto asked for the distilled draft"
+        return resolve(spec, model, *a, **k)
+    return wrapped

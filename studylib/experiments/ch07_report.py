@@ -48,9 +48,11 @@ ANCHORS = [
 
 
 def chapter_draft(model, spec: str = "auto", fallback: str | None = None):
-    """(drafter, why). ``auto``: the distilled draft if ``studylib train-draft`` cached one, else the
-    layers a cached ``self:auto`` search chose for this model (chapter 2), else ``fallback`` (default an
-    early exit at ~85% depth), because the search itself costs minutes on a CPU."""
+    """(drafter, why). ``auto``: the layers a cached ``self:auto`` search chose for this model (chapter 2
+    runs that search, so a whole-study run always has it), else ``fallback`` (default an early exit at ~85%
+    depth), because the search itself costs minutes on a CPU. A distilled draft left in the cache by an earlier
+    ``studylib train-draft`` is not picked up by ``auto``: the chapter would then depend on what a machine
+    happened to train before (chapter 2 no longer trains it); ask for it by name (``draft: distilled``)."""
     import json
 
     from studylib.cache import cache_dir
@@ -58,10 +60,6 @@ def chapter_draft(model, spec: str = "auto", fallback: str | None = None):
 
     if spec != "auto":
         return resolve_draft(spec, model), f"{spec} (as asked)"
-    try:
-        return resolve_draft("distilled", model), "the distilled draft trained earlier on this machine (studylib train-draft)"
-    except StudylibError:
-        pass
     found = []
     for f in cache_dir("self_spec").glob("*.json"):
         try:
@@ -77,7 +75,7 @@ def chapter_draft(model, spec: str = "auto", fallback: str | None = None):
             f"{label}: layers chosen by a cached self:auto search"
     n = model.config.num_layers
     fb = fallback or f"self:exit:{max(1, min(n - 1, round(0.85 * n)))}"
-    return resolve_draft(fb, model), f"{fb}: no distilled draft or cached self:auto search for {model.config.name}"
+    return resolve_draft(fb, model), f"{fb}: no cached self:auto search for {model.config.name}"
 
 
 def decoder_options(model, draft: str = "auto", draft_fallback: str | None = None, gamma: int = 4,
