@@ -178,11 +178,11 @@ def test_a_retrain_is_compared_with_the_shipped_head_at_the_same_point():
     from studylib.decoding.head_train import against_shipped
 
     ref = {"training": {"steps": 1000}, "heldout": {"final": {"top1_1": 0.62, "top1_2": 0.5}, "curve": [
-        {"step": 250, "top1_1": 0.40, "top1_2": 0.30}, {"step": 500, "top1_1": 0.55, "top1_2": 0.42},
+        {"step": 0, "top1_1": 0.0, "top1_2": 0.0}, {"step": 250, "top1_1": 0.40, "top1_2": 0.30}, {"step": 500, "top1_1": 0.55, "top1_2": 0.42},
         {"step": 1000, "top1_1": 0.62, "top1_2": 0.5}]}}
     full = {"training": {"steps": 1000}, "heldout": {"final": {"top1_1": 0.615, "top1_2": 0.49}}}
     assert against_shipped(full, ref) == "the shipped head: 0.620 and 0.500 (difference -0.005 on the first drafted token)"
     partial = {"training": {"steps": 600}, "heldout": {"final": {"top1_1": 0.56, "top1_2": 0.43}}}
     assert against_shipped(partial, ref).startswith("the shipped run at step 500 of 1000: 0.550 and 0.420 (difference +0.010")
     early = {"training": {"steps": 100}, "heldout": {"final": {"top1_1": 0.2, "top1_2": 0.1}}}
-    assert "no held-out point" in against_shipped(early, ref)
+    assert "no held-out point" in against_shipped(early, ref) and "first is at step 250" in against_shipped(early, ref)
