@@ -530,11 +530,12 @@ def against_shipped(meta: Mapping[str, Any], ref: Mapping[str, Any]) -> str:
         return (f"the shipped head: {r['top1_1']:.3f} and {r['top1_2']:.3f} "
                 f"(difference {got['top1_1'] - r['top1_1']:+.3f} on the first drafted token)")
     # Step 0 is the untrained head: a retrain stopped before the first evaluation has nothing to be compared with.
-    points = [c for c in ref["heldout"].get("curve") or [] if 0 < int(c["step"]) <= steps]
+    trained = [c for c in ref["heldout"].get("curve") or [] if int(c["step"]) > 0]
+    points = [c for c in trained if int(c["step"]) <= steps]
     if not points:
-        later = [int(c["step"]) for c in ref["heldout"].get("curve") or [] if int(c["step"]) > 0]
+        first = min((int(c["step"]) for c in trained), default=None)
         return (f"the shipped run has no held-out point at or before step {steps}"
-                + (f" (its first is at step {min(later)}: retrain at least that long)" if later else ""))
+                + (f" (its first is at step {first}: retrain at least that long)" if first else ""))
     r = max(points, key=lambda c: int(c["step"]))
     return (f"the shipped run at step {int(r['step'])} of {ref_steps}: {r['top1_1']:.3f} and {r['top1_2']:.3f} "
             f"(difference {got['top1_1'] - r['top1_1']:+.3f} on the first drafted token)")
