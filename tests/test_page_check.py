@@ -102,3 +102,16 @@ def test_markdown_and_output_cells_are_read():
 def test_words_a_reader_cannot_know(prose, found):
     got = page_defects(prose)
     assert (len(got) == 1 and found in got[0]) if found else got == [], got
+
+
+@pytest.mark.parametrize("html, found", [
+    # the committed chapter 4 said this over a column of yes
+    ("<p>Every row should read <code>True</code>.</p><table><tr><th>Identical</th></tr><tr><td>yes</td></tr></table>",
+     "Python literal 'True'"),
+    ("<p>the flag reads <code>None</code> here</p>", "Python literal 'None'"),
+    # a table that does print the literal makes it the page's word (its own defect is the cell's, if any)
+    ("<p>rows read <code>False</code></p><table><tr><th>Flag</th></tr><tr><td>False</td></tr></table>", None),
+])
+def test_a_python_literal_in_a_sentence_is_found(html, found):
+    got = page_defects(html)
+    assert (len(got) == 1 and found in got[0]) if found else got == [], got

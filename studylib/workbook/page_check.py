@@ -6,6 +6,7 @@ The classes (each was on a committed page once):
 - a table header in snake_case (``step_ms_low``), a pandas index printed as a column ("index"), or a
   MultiIndex header printed as a tuple ("('rows', '')");
 - a cell that reads "nan", "None", "<NA>" or "NaT" instead of saying what is missing;
+- a Python literal in a sentence ("every row should read ``True``") where the page's tables print yes/no;
 - words a reader cannot know: a path in the repository ("tests/test_serving.py") or the library's own
   names for things ("ch07_stack.plan_stack", "judge_c1") where the page should say what they do.
 
@@ -33,6 +34,7 @@ REPO_PATH = re.compile(r"(?<![\w/.])(?:studylib|tests|notebooks|benchmarks|repor
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*(?:\(\))?$")
 KNOWN_NAMES = re.compile(r"^(?:torch|np|numpy|transformers|vllm|llama_cpp|triton|ray|pandas|papermill)\.")
 MISSING = {"nan", "NaN", "None", "<NA>", "NaT", "null"}
+LITERALS = {"True", "False", "None"}
 # Elements whose whole content is code or the run's raw settings, never prose.
 _SKIP_TAGS = {"script", "style", "pre", "svg"}
 _SKIP_CLASSES = {"highlight", "input", "input_area", "kv", "appendix", "settings", "rendered-from", "studylib-code"}
@@ -51,6 +53,7 @@ class _Reader(HTMLParser):
         self.code: list[str] | None = None
         self.defects: list[str] = []
         self.names: list[str] = []  # identifiers in code spans of the prose
+        self.literals: list[str] = []  # Python literals in code spans of the prose
         self.vocabulary: set[str] = set()  # words the page's table cells use
 
     def handle_starttag(self, tag: str, attrs: list) -> None:
@@ -86,7 +89,9 @@ class _Reader(HTMLParser):
     def _close(self, tag: str) -> None:
         if tag == "code" and self.code is not None:
             text = "".join(self.code).strip()
-            if text in self.params:
+            if text in LITERALS:
+                self.literals.append(text)
+            elif text in self.params:
                 self.defects.append(f"the parameter name {text!r} stands in a sentence; write its value or say "
                                     "what it means")
             elif (IDENTIFIER.match(text) and ("_" in text or "." in text) and not BLOCK_FORMAT.match(text)
@@ -129,6 +134,8 @@ def page_defects(html: str, params: Iterable[str] = ()) -> list[str]:
     reader.close()
     reader.defects += [f"the library's name {n!r} stands in a sentence; say what it does" for n in reader.names
                        if n not in reader.vocabulary]
+    reader.defects += [f"the Python literal {v!r} stands in a sentence; say it as the page's tables do "
+                       "(yes / no / not measured)" for v in reader.literals if v not in reader.vocabulary]
     return list(dict.fromkeys(reader.defects))
 
 
