@@ -13,7 +13,7 @@ import pytest
 
 from studylib.claims import CLAIMS, decide_parts, judge_at_least, judge_at_most
 from studylib.workbook import save_chapter
-from studylib.workbook.book import build_book, format_ci, is_setup_cell, sig
+from studylib.workbook.book import build_book, format_ci, is_setup_cell, settings_line, sig
 from studylib.workbook.fonts import FONT_FAMILY, cjk_chars, covered_chars, project_chars
 
 
@@ -258,3 +258,14 @@ def test_a_short_cell_is_marked_to_stay_on_one_line():
     assert got == ("<tr><th data-short>claim</th><td class='x' data-short>q4_1</td><td>a longer cell</td>"
                    "<td data-short>0.0748</td><td>averylongword</td></tr>")
     assert keep_short_cells(got) == got  # marked once
+
+
+@pytest.mark.parametrize("params, says", [
+    ({"dtype": "float32", "device": "cpu"}, "float32 on cpu"),
+    ({"dtype": "float32", "device": "cpu", "weights": "dense", "act": "fp32"}, "float32 on cpu"),
+    # chapter 2 on the GGUF engine once read 'float32 on cpu' above conditions naming int8 activations
+    ({"dtype": "float32", "device": "cpu", "weights": "gguf", "act": "int8"}, "gguf weights, int8 activations on cpu"),
+])
+def test_the_settings_line_names_the_arithmetic_the_run_used(params, says):
+    line = settings_line({"params": params, "provenance": {}})
+    assert says in line and ("float32" in says or "float32" not in line)

@@ -237,12 +237,21 @@ def chapter_summary(data: Mapping[str, Any]) -> str:
     return "<div class='summary'>" + "".join(claim_summary(d, _parts_of(verdicts, d)) for d in decisions) + "</div>"
 
 
+def _arithmetic(params: Mapping[str, Any]) -> str:
+    """What the run's linears compute in: the dtype for dense weights, else the stored blocks and the
+    activations' arithmetic (a chapter on the GGUF engine with int8 activations is not 'float32')."""
+    weights = params.get("weights")
+    if weights and weights != "dense":
+        return f"{weights} weights, {params.get('act') or 'fp32'} activations"
+    return str(params.get("dtype", ""))
+
+
 def settings_line(data: Mapping[str, Any]) -> str:
     prov = data.get("provenance") or {}
     params = data.get("params") or {}
     isa = (prov.get("isa") or {}).get("label") if isinstance(prov.get("isa"), Mapping) else prov.get("isa")
     bits = [str(params.get("model") or prov.get("model") or ""),
-            f"{params.get('dtype', '')} on {params.get('device', '')}".strip(),
+            f"{_arithmetic(params)} on {params.get('device', '')}".strip(),
             f"{prov.get('torch_threads') or params.get('threads')} threads",
             f"profile {params.get('profile')}" if params.get("profile") else "",
             f"{prov.get('cpu')}" + (f" (ISA {isa})" if isa else "") if prov.get("cpu") else "",
