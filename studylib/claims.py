@@ -523,7 +523,15 @@ def check_one_decision(verdicts: Sequence[Verdict]) -> None:
 _COLOURS = {HOLDS: "#d9f2d9", CONDITIONAL: "#fff1c2", INCONCLUSIVE: "#e4e4f0", FAILS: "#f8d4d4"}
 
 
-def format_measured(measured: Any, ci: tuple[float, float] | None, n: int | None = None) -> str:
+def ci_level(confidence: float) -> str:
+    """A CI's level as a reader sees it: "95%", or "98.33%" for a Bonferroni-corrected one."""
+    return f"{100 * confidence:.4g}%"
+
+
+def format_measured(measured: Any, ci: tuple[float, float] | None, n: int | None = None,
+                    confidence: float = 0.95) -> str:
+    """``1.61 [1.00, 3.95] (n=10)``; a CI at another level than 95% (corrected for several configurations
+    tried) names its level: ``0.908 [0.886, 0.916] 99.38% CI (n=48)``."""
     if measured is None:
         return "n/a"
     if isinstance(measured, int | float):
@@ -532,8 +540,14 @@ def format_measured(measured: Any, ci: tuple[float, float] | None, n: int | None
         text = _fmt(float(measured))
         if ci is not None:
             text = f"{text} [{_fmt(ci[0])}, {_fmt(ci[1])}]"
+            if abs(confidence - 0.95) > 1e-9:
+                text += f" {ci_level(confidence)} CI"
         return f"{text} (n={n})" if n is not None else text
     return str(measured)
+
+
+# A corrected CI names its level in the cell (format_measured), so the header cannot say 95% for all.
+MEASURED_HEADER = "measured [95% CI unless marked] (n)"
 
 
 def format_bar(v: Verdict) -> str:
@@ -565,10 +579,10 @@ def verdict_frame(verdicts: Sequence[Verdict]):
     import pandas as pd
 
     rows = [{"id": v.id, "role": v.role, "claim": v.claim, "metric": shown_metric(v),
-             "measured [95% CI] (n)": format_measured(v.measured, v.ci, v.n), "bar": bar_with_origin(v),
+             MEASURED_HEADER: format_measured(v.measured, v.ci, v.n, v.confidence), "bar": bar_with_origin(v),
              "claimed": v.claimed, "verdict": v.verdict, "conditions": v.conditions, "chapter": v.chapter}
             for v in verdicts]
-    cols = ["id", "role", "claim", "metric", "measured [95% CI] (n)", "bar", "claimed", "verdict", "conditions",
+    cols = ["id", "role", "claim", "metric", MEASURED_HEADER, "bar", "claimed", "verdict", "conditions",
             "chapter"]
     return pd.DataFrame(rows, columns=cols)
 
@@ -611,13 +625,13 @@ def verdict_markdown(verdicts: Sequence[Verdict]) -> str:
 
     lines = ["| claim | verdict | decided by | chapter |", "|---|---|---|---|"]
     for d in study_decisions(verdicts):
-        lines.append(f"| {d.id} | **{d.verdict}** | {cell(shown_metric(d))}: {cell(format_measured(d.measured, d.ci, d.n))} "
+        lines.append(f"| {d.id} | **{d.verdict}** | {cell(shown_metric(d))}: {cell(format_measured(d.measured, d.ci, d.n, d.confidence))} "
                      f"| {d.chapter} |")
-    lines += ["", "| claim | chapter | row | metric | measured [95% CI] (n) | bar | verdict |",
+    lines += ["", f"| claim | chapter | row | metric | {MEASURED_HEADER} | bar | verdict |",
               "|---|---|---|---|---|---|---|"]
     for v in sorted(verdicts, key=lambda v: (int(v.id[1:]), v.chapter, v.role != DECISION)):
         lines.append(f"| {v.id} | {v.chapter} | {v.role} | {cell(shown_metric(v))} | "
-                     f"{cell(format_measured(v.measured, v.ci, v.n))} | {cell(bar_with_origin(v))} | {v.verdict} |")
+                     f"{cell(format_measured(v.measured, v.ci, v.n, v.confidence))} | {cell(bar_with_origin(v))} | {v.verdict} |")
     return "\n".join(lines) + "\n"
 
 

@@ -269,3 +269,14 @@ def test_a_short_cell_is_marked_to_stay_on_one_line():
 def test_the_settings_line_names_the_arithmetic_the_run_used(params, says):
     line = settings_line({"params": params, "provenance": {}})
     assert says in line and ("float32" in says or "float32" not in line)
+
+
+def test_a_corrected_ci_names_its_own_level_everywhere_it_is_printed():
+    """Chapters 6 and 8 decide on Bonferroni-corrected CIs (98.33%, 99.38%); the box, the front page and
+    the verdict tables once labelled them 95%."""
+    from studylib.claims import format_measured
+
+    assert format_ci(1.72, (1.70, 1.75), 10, confidence=1 - 0.05 / 3) == "1.72 (98.33% CI 1.7 to 1.75, n=10)"
+    assert format_ci(1.72, (1.70, 1.75), 10) == "1.72 (95% CI 1.7 to 1.75, n=10)"
+    assert format_measured(0.908, (0.886, 0.916), 48, 1 - 0.05 / 8) == "0.908 [0.886, 0.916] 99.38% CI (n=48)"
+    assert format_measured(0.908, (0.886, 0.916), 48) == "0.908 [0.886, 0.916] (n=48)"

@@ -294,3 +294,37 @@ def test_the_fused_step_hands_back_intermediate_layers_and_stays_fused(monkeypat
         got[mode] = out.hidden
     for i in (0, 1, -1):
         assert torch.allclose(got["auto"][i].float(), got["torch"][i].float(), atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("act", ["fp32", "int8"])
+def test_a_self_speculative_draft_skips_its_layers_on_the_fused_path(monkeypatch, act):
+    """A draft that bypasses layers runs in the one C call too (per-op, chapter 2's self:4 draft cost 2.2
+    target steps): the same logits as the per-op path with those layers skipped, the skipped layers' cache
+    untouched, and different logits from the full model (the skip is not ignored)."""
+    from studylib.models import DenseKVCache, load_model
+
+    model, _ = load_model("tiny-random", weights="q4_1", act=act)
+    ids = torch.tensor([list(range(5, 30))])
+    skip = (1,)
+    got = {}
+    for mode in ("auto", "torch"):
+        monkeypatch.setenv("STUDYLIB_DECODE_LAYERS", mode)
+        cache = DenseKVCache(model.config, 1, 64)
+        model(ids, cache.begin(ids.shape[1]))
+        before = cache.k[1].clone()
+        calls = []
+        real = decode_layers.run
+        monkeypatch.setattr(decode_layers, "run", lambda *a, calls=calls, real=real, **k: calls.append(k) or real(*a, **k))
+        steps = [model(torch.tensor([[t]]), cache.begin(1), skip_layers=skip).logits for t in (7, 8, 9)]
+        monkeypatch.setattr(decode_layers, "run", real)
+        assert len(calls) == (3 if mode == "auto" else 0)
+        assert torch.equal(cache.k[1], before)  # a skipped layer writes no keys
+        got[mode] = torch.cat(steps, dim=1)
+        full = DenseKVCache(model.config, 1, 64)
+        model(ids, full.begin(ids.shape[1]))
+        assert not torch.allclose(model(torch.tensor([[7]]), full.begin(1)).logits, steps[0])
+    assert torch.allclose(got["auto"], got["torch"], atol=1e-4, rtol=1e-3)
+    with pytest.raises(StudylibError, match="skip_layers and hidden_layers"):
+        cache = DenseKVCache(model.config, 1, 64)
+        x = model.model.embed_tokens(ids)
+        decode_layers.run(model, x, x, x, cache.begin(ids.shape[1]), (0,), {}, skip_layers=(1,))

@@ -144,7 +144,7 @@ def test_markdown_has_a_study_table_then_every_row():
     assert study_lines[2] == "| C3 | **holds under conditions** | decision over chapters 2, 3: 1/2 hold | 2 |"
     assert study_lines[3] == "| C6 | **holds** | sparse attention: cost and quality: 2/2 parts hold | 6 |"
     row_lines = rows.splitlines()
-    assert row_lines[0] == "| claim | chapter | row | metric | measured [95% CI] (n) | bar | verdict |"
+    assert row_lines[0] == "| claim | chapter | row | metric | measured [95% CI unless marked] (n) | bar | verdict |"
     body = [[c.strip() for c in s.strip("|").split(" | ")] for s in row_lines[2:]]
     assert len(body) == len(verdicts)
     # by claim, then chapter, each decision before its parts

@@ -131,11 +131,19 @@ def _layers(model, kv):
 
 
 def run(model, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv, hidden_layers=(),
-        hidden: dict | None = None) -> torch.Tensor:
+        hidden: dict | None = None, skip_layers=()) -> torch.Tensor:
     """x (B, T, hidden) after every layer; the cache has had ``kv.begin(T)`` called (or ``kv`` is a
     ``PagedBatch`` view of the pool, x (1, N, hidden) its sequences' new tokens back to back).
-    ``hidden_layers``: layer indices whose outputs go into ``hidden`` (index -> (B, T, hidden))."""
+    ``hidden_layers``: layer indices whose outputs go into ``hidden`` (index -> (B, T, hidden)).
+    ``skip_layers``: layers bypassed (a self-speculative draft); their cache slots for these tokens are
+    left as they were, as the per-op path leaves them. Not with ``hidden_layers``: an index would be
+    ambiguous once layers are missing."""
     c = model.config
+    skip = sorted(set(skip_layers))
+    if skip and hidden_layers:
+        raise StudylibError("decode_layers: skip_layers and hidden_layers together are not supported")
+    if any(not 0 <= i < c.num_layers for i in skip):
+        raise StudylibError(f"decode_layers: cannot skip layers {skip} of a {c.num_layers}-layer model")
     B, T, hid = x.shape
     paged = _is_paged(kv)
     if paged:
@@ -167,8 +175,15 @@ def run(model, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv, hidden
                 raise StudylibError(f"decode_layers: no layer {i} in a {c.num_layers}-layer model")
             outs[i] = torch.empty(B, T, hid)
             table[i] = outs[i].data_ptr()
+    table_all = _layers(model, kv)
+    if skip:
+        # The kept layers' entries, in order: the C loop runs whatever table it is given.
+        kept = [i for i in range(c.num_layers) if i not in skip]
+        layers, n_layers = (_Layer * len(kept))(*(table_all[i] for i in kept)), len(kept)
+    else:
+        layers, n_layers = table_all, c.num_layers
     rc = lib().decode_layers(
-        c.num_layers, ctypes.addressof(_layers(model, kv)), x.data_ptr(), B, T, hid, c.num_heads,
+        n_layers, ctypes.addressof(layers), x.data_ptr(), B, T, hid, c.num_heads,
         c.num_kv_heads, c.head_dim, c.intermediate_size, float(c.rms_norm_eps), cos_t.data_ptr(),
         sin_t.data_ptr(), start, max_len, None if mask_u8 is None else mask_u8.data_ptr(),
         torch.get_num_threads(), None if kvmap is None else ctypes.byref(kvmap), table)

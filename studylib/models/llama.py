@@ -201,9 +201,10 @@ class LlamaModel(nn.Module):
         x = self.model.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(kv.positions(), self.inv_freq, self.rope_scale, x.dtype)
         hidden: dict[int, torch.Tensor] = {}
-        if not skip and decode_layers.path(self, kv, x.shape[0] * x.shape[1]) == "fused":
-            # all layers in one C call (see decode_layers), which also hands back intermediate layers
-            x = decode_layers.run(self, x, cos, sin, kv, want - {-1}, hidden)
+        if not (skip and want - {-1}) and decode_layers.path(self, kv, x.shape[0] * x.shape[1]) == "fused":
+            # all layers in one C call (see decode_layers), which also hands back intermediate layers and
+            # bypasses a self-speculative draft's skipped ones (per-op, such a draft cost 2.2 target steps)
+            x = decode_layers.run(self, x, cos, sin, kv, want - {-1}, hidden, skip_layers=skip)
         else:
             for i, layer in enumerate(self.model.layers):
                 if i not in skip:

@@ -34,6 +34,7 @@ from studylib.claims import (
     INCONCLUSIVE,
     Verdict,
     bar_with_origin,
+    ci_level,
     format_bar,
     load_chapter,
 )
@@ -163,8 +164,10 @@ def sig(x: float, digits: int = 3) -> str:
     return text
 
 
-def format_ci(measured: Any, ci: Sequence[float] | None, n: int | None, unit: str | None = None) -> str:
-    """``1.61 (1.00-3.95, n=10 prompts)``; strings (a tally such as "2/4 hold") pass through."""
+def format_ci(measured: Any, ci: Sequence[float] | None, n: int | None, unit: str | None = None,
+              confidence: float = 0.95) -> str:
+    """``1.61 (95% CI 1.00 to 3.95, n=10 prompts)``; a corrected CI names its own level (98.33%); strings
+    (a tally such as "2/4 hold") pass through."""
     if measured is None:
         return "not measured"
     if not isinstance(measured, int | float):
@@ -180,7 +183,7 @@ def format_ci(measured: Any, ci: Sequence[float] | None, n: int | None, unit: st
     text = sig(m, digits)
     inner = []
     if ci is not None:
-        inner.append(f"95% CI {sig(ci[0], digits)} to {sig(ci[1], digits)}")
+        inner.append(f"{ci_level(confidence)} CI {sig(ci[0], digits)} to {sig(ci[1], digits)}")
     if n is not None:
         inner.append(f"n={n}{' ' + unit if unit else ''}")
     return text + (f" ({', '.join(inner)})" if inner else "")
@@ -209,7 +212,8 @@ def claim_summary(decision: Verdict, parts: Sequence[Verdict]) -> str:
                  f"<p class='claim-en'>{html.escape(claim.text)}</p>")
     numeric = isinstance(decision.measured, int | float) and not isinstance(decision.measured, bool)
     if numeric:
-        number = html.escape(format_ci(decision.measured, decision.ci, decision.n, decision.unit))
+        number = html.escape(format_ci(decision.measured, decision.ci, decision.n, decision.unit,
+                                      decision.confidence))
         bar = "" if format_bar(decision) == "all checks" else f" against the bar {html.escape(bar_with_origin(decision))}"
         number += bar
     else:
@@ -217,7 +221,7 @@ def claim_summary(decision: Verdict, parts: Sequence[Verdict]) -> str:
         parts = weakest_first(parts)  # a skimmer reads the failure first
         for p in parts[:6]:
             items.append(f"<li>{html.escape(p.metric)}: "
-                         f"{html.escape(format_ci(p.measured, p.ci, p.n, p.unit))} {badge(p.verdict)}</li>")
+                         f"{html.escape(format_ci(p.measured, p.ci, p.n, p.unit, p.confidence))} {badge(p.verdict)}</li>")
         more = f"<li>and {len(parts) - 6} more rows in the verdict table below</li>" if len(parts) > 6 else ""
         number = html.escape(str(decision.measured if decision.measured is not None else "")) + \
             (f"<ul>{''.join(items)}{more}</ul>" if items else "")
