@@ -480,12 +480,18 @@ def decide_conditions(claim_id: str, metric: str, rows: Sequence[Verdict], claim
         verdict = CONDITIONAL  # a condition that holds somewhere is a named condition where it holds
     else:
         verdict = verdict_from_states(states)
-    held = [nm for nm, r in zip(names, rows, strict=True) if r.verdict in (HOLDS, CONDITIONAL)]
+    held = [nm + (" (under conditions)" if r.verdict == CONDITIONAL else "")
+            for nm, r in zip(names, rows, strict=True) if r.verdict in (HOLDS, CONDITIONAL)]
+    # the tally counts what holds outright, as decide_parts' does; a condition that holds only in part
+    # is counted beside it, never as a hold
+    whole = sum(r.verdict == HOLDS for r in rows)
+    partly = sum(r.verdict == CONDITIONAL for r in rows)
+    tally = f"{whole}/{len(rows)} hold" + (f", {partly} under conditions" if partly else "")
     not_held = [f"{nm} ({r.verdict})" for nm, r in zip(names, rows, strict=True)
                 if r.verdict not in (HOLDS, CONDITIONAL)]
     note = _join(f"holds for: {', '.join(held)}" if held else "",
                  f"not for: {', '.join(not_held)}" if not_held else "", shown)
-    row = Verdict(claim_id, "", metric, f"{len(held)}/{len(rows)} hold", None, claimed, verdict,
+    row = Verdict(claim_id, "", metric, tally, None, claimed, verdict,
                   _join(conditions, note), chapter, direction=CHECK, role=DECISION)
     return [row, *all_rows]
 

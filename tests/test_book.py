@@ -280,3 +280,23 @@ def test_a_corrected_ci_names_its_own_level_everywhere_it_is_printed():
     assert format_ci(1.72, (1.70, 1.75), 10) == "1.72 (95% CI 1.7 to 1.75, n=10)"
     assert format_measured(0.908, (0.886, 0.916), 48, 1 - 0.05 / 8) == "0.908 [0.886, 0.916] 99.38% CI (n=48)"
     assert format_measured(0.908, (0.886, 0.916), 48) == "0.908 [0.886, 0.916] (n=48)"
+
+
+def test_a_run_line_without_one_arithmetic_leaves_no_empty_slot():
+    line = settings_line({"params": {"device": "cpu", "threads": 2}, "provenance": {}})
+    assert "Run: cpu · 2 threads" in line and " on cpu" not in line
+
+
+def test_weakest_first_orders_a_verdict_by_how_far_its_ci_falls_short_of_its_bar():
+    """The front page's C7 parts read 2.9 (bar 10), 3.22 (bar 8), 1.63 (bar 10) 'weakest first'."""
+    from studylib.claims import PART, judge_at_least
+    from studylib.workbook.book import weakest_first
+
+    def est(value, lo, hi):
+        return (value, lo, hi, 24)
+
+    a = judge_at_least("C7", "latency", est(2.9, 2.77, 2.95), 10.0, "", "", 7, role=PART)
+    b = judge_at_least("C7", "throughput", est(3.22, 2.85, 3.42), 8.0, "", "", 7, role=PART)
+    c = judge_at_least("C7", "under load", est(1.63, 1.16, 2.24), 10.0, "", "", 7, role=PART)
+    ok = judge_at_least("C7", "quality", est(1.0, 0.995, 1.0), 0.99, "", "", 7, role=PART)
+    assert [v.metric for v in weakest_first([ok, a, b, c])] == ["under load", "latency", "throughput", "quality"]

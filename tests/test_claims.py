@@ -165,6 +165,14 @@ def test_conditions_over_alternatives():
     assert d.verdict == CONDITIONAL and "holds for: a" in d.conditions and "b (does not hold)" in d.conditions
     assert decide_conditions("C8", "m", [no, maybe], "", "", 7)[0].verdict == INCONCLUSIVE
     assert decide_conditions("C8", "m", [no, no], "", "", 7)[0].verdict == FAILS
+    assert d.measured == "1/3 hold"
+    # a condition that holds only in part is counted beside the holds, never as one (the front page once
+    # read C8 "2/2 hold" over two chapters that each held under conditions)
+    partly = decide_conditions("C8", "p", [yes, no], "", "", 5)[0]
+    assert partly.verdict == CONDITIONAL
+    both = decide_conditions("C8", "m", [partly, partly], "", "", 7, names=["chapter 5", "chapter 7"])[0]
+    assert both.verdict == CONDITIONAL and both.measured == "0/2 hold, 2 under conditions"
+    assert "chapter 5 (under conditions)" in both.conditions
 
 
 def test_study_has_one_line_per_claim():

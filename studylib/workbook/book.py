@@ -26,6 +26,8 @@ from typing import Any
 
 from studylib.bench.provenance import commit_label
 from studylib.claims import (
+    AT_LEAST,
+    AT_MOST,
     CLAIMS,
     CONDITIONAL,
     DECISION,
@@ -199,8 +201,25 @@ _STRENGTH = {FAILS: 0, INCONCLUSIVE: 1, CONDITIONAL: 2, HOLDS: 3}
 
 
 def weakest_first(verdicts: Sequence[Verdict]) -> list[Verdict]:
-    """Verdict rows ordered from "does not hold" to "holds" (stable within a verdict)."""
-    return sorted(verdicts, key=lambda v: _STRENGTH.get(v.verdict, 1))
+    """Verdict rows ordered from "does not hold" to "holds"; within a verdict, the row whose CI ends
+    furthest below its bar (as a multiple of the bar) first, rows without a bar last (stable among those)."""
+    def key(v: Verdict) -> tuple[int, float]:
+        r = bar_ratio(v)
+        return _STRENGTH.get(v.verdict, 1), (r[1] if r else float("inf"))
+
+    return sorted(verdicts, key=key)
+
+
+def bar_ratio(v: Verdict) -> tuple[float, float, float] | None:
+    """The measurement as a multiple of its bar (>= 1 clears it), with its CI, for the figure."""
+    if not isinstance(v.measured, int | float) or v.ci is None or not v.threshold:
+        return None
+    m, lo, hi, t = float(v.measured), float(v.ci[0]), float(v.ci[1]), float(v.threshold)
+    if v.direction == AT_LEAST and t > 0 and m > 0 and lo > 0:
+        return m / t, lo / t, hi / t
+    if v.direction == AT_MOST and m > 0 and lo > 0 and hi > 0:
+        return t / m, t / hi, t / lo
+    return None
 
 
 def claim_summary(decision: Verdict, parts: Sequence[Verdict]) -> str:
@@ -241,7 +260,7 @@ def chapter_summary(data: Mapping[str, Any]) -> str:
     return "<div class='summary'>" + "".join(claim_summary(d, _parts_of(verdicts, d)) for d in decisions) + "</div>"
 
 
-def _arithmetic(params: Mapping[str, Any]) -> str:
+def arithmetic_words(params: Mapping[str, Any]) -> str:
     """What the run's linears compute in: the dtype for dense weights, else the stored blocks and the
     activations' arithmetic (a chapter on the GGUF engine with int8 activations is not 'float32')."""
     weights = params.get("weights")
@@ -255,7 +274,7 @@ def settings_line(data: Mapping[str, Any]) -> str:
     params = data.get("params") or {}
     isa = (prov.get("isa") or {}).get("label") if isinstance(prov.get("isa"), Mapping) else prov.get("isa")
     bits = [str(params.get("model") or prov.get("model") or ""),
-            f"{_arithmetic(params)} on {params.get('device', '')}".strip(),
+            " on ".join(b for b in (arithmetic_words(params), str(params.get("device") or "")) if b),
             f"{prov.get('torch_threads') or params.get('threads')} threads",
             f"profile {params.get('profile')}" if params.get("profile") else "",
             f"{prov.get('cpu')}" + (f" (ISA {isa})" if isa else "") if prov.get("cpu") else "",
