@@ -252,6 +252,18 @@ def test_c8_counts_measured_checks_only_and_is_judged_as_declared():
         decisions.stamp(c8_rows(**kw), 7)  # raises if a row is not what C8@7 declares
 
 
+def test_a_declared_stacking_check_with_nothing_to_compare_is_named_not_dropped():
+    """The committed chapter 7 had no stack of two techniques after settling: its C8 showed two of the three
+    declared interactions and said nothing of the third."""
+    spec, prefix, sparse, inter = c8_inputs()
+    checks = report.c8_checks(spec, prefix, sparse, inter.iloc[0:0])
+    gone = [k for k, v in checks.items() if v.get("kind") == "unmeasured"]
+    assert len(gone) == 1 and gone[0].startswith(report.C8_STACK) and "not measured" in gone[0]
+    rows = report.judge_c8(checks, "c")
+    assert len(rows) == 1 + 2 and f"declared but {report.C8_STACK}: not measured" in rows[0].conditions
+    assert f"- {report.C8_STACK}: not measured" in report.checks_text(checks)
+
+
 def test_prefix_check_is_an_equivalence_test_on_tpot():
     fast = c8_rows(tpot=(1.8, 1.7, 1.9))  # the old rule (TTFT CI above TPOT CI) passed this
     assert row(fast, report.C8_PREFIX).verdict == FAILS and fast[0].verdict == CONDITIONAL

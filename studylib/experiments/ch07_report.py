@@ -389,6 +389,11 @@ def c8_checks(spec_gain: pd.DataFrame, prefix: pd.Series | None, sparse: pd.Data
             "passed": passed, "checks": {"on at least one workload the CI lies wholly below 1": passed},
             "measured": True, "kind": C8_STACK, "n": n, "unit": "requests", "confidence": conf,
             "estimate": _est(shown.ratio, shown.low, shown.high, int(shown.requests))}
+    else:
+        # declared, but there is nothing to compare: the page says so rather than dropping the row
+        checks[f"{C8_STACK}: not measured (no workload's settled stack combines two or more techniques, so "
+               "there is no product of parts to compare it with)"] = {"passed": False, "measured": False,
+                                                                      "kind": "unmeasured"}
     return checks
 
 
@@ -407,8 +412,10 @@ def judge_c8(checks: Mapping[str, dict], conditions: str) -> list[Verdict]:
         if row.confidence != 0.95:  # the note goes last, after the checks' own
             row.conditions = f"{row.conditions}; {row.confidence:.1%} CIs: one CI per workload tried, Bonferroni-corrected"
         rows.append(row)
-    models = [k for k, v in checks.items() if not v["measured"]]
-    note = f"not counted (models): {'; '.join(models)}" if models else ""
+    models = [k for k, v in checks.items() if not v["measured"] and v.get("kind") == "model"]
+    unmeasured = [k for k, v in checks.items() if not v["measured"] and v.get("kind") == "unmeasured"]
+    note = "; ".join(x for x in (f"not counted (models): {'; '.join(models)}" if models else "",
+                                 f"declared but {'; '.join(unmeasured)}" if unmeasured else "") if x)
     return decide_conditions("C8", "measured interactions of the stacked gains", rows,
                              "gains are local and interact", "; ".join(x for x in (conditions, note) if x),
                              cc.CHAPTER, names=[C8_NAMES.get(v.get("kind"), k) for k, v in measured.items()])
@@ -459,6 +466,9 @@ def checks_text(checks: Mapping[str, dict]) -> str:
     lines = []
     for name, v in checks.items():
         word = "passes" if v["passed"] else "fails"
+        if v.get("kind") == "unmeasured":
+            lines.append(f"- {name}")
+            continue
         if not v["measured"]:
             lines.append(f"- {word} (model, not counted): {name}")
             continue
