@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -571,6 +572,19 @@ def bar_with_origin(v: Verdict) -> str:
     bar = format_bar(v)
     origin = None if bar == "all checks" else bar_origin(v)
     return f"{bar} ({origin})" if origin else bar
+
+
+_SHOWN = re.compile(r"(?:^|; )shown: ([^;]+)")
+
+
+def shown_condition(v: Verdict) -> str:
+    """Which condition a row judged over several shows, in words ("" for a single estimate): the worst
+    when the row holds everywhere (the bound that covers all), the best otherwise (how close it came), as
+    ``_judge_bound`` picks it. A box that prints the number without it reads one workload as all."""
+    m = _SHOWN.search(v.conditions or "")
+    if not m:
+        return ""
+    return f"on {m.group(1).strip()}, the {'worst' if v.verdict == HOLDS else 'best'} condition"
 
 
 def shown_metric(v: Verdict) -> str:

@@ -273,3 +273,17 @@ def test_rotated_is_the_interleaving_order():
     assert rotated("abc", 4) == ["b", "c", "a"] and rotated([], 3) == []
     # over as many units as arms, every arm runs first exactly once
     assert sorted(rotated("abcd", k)[0] for k in range(4)) == list("abcd")
+
+
+def test_a_row_over_several_conditions_says_which_one_its_number_is():
+    """Chapter 2's box printed 'speed-up, T=0: 0.515' with no word that it was one workload of three (the
+    best; the verdict reads every workload)."""
+    from studylib.claims import shown_condition
+
+    fails = judge_at_least("C3", "speed-up", {"chat": est(0.3, 0.26, 0.37), "code": est(0.51, 0.45, 0.6)}, 1.0,
+                           "", "c", 2)
+    assert fails.measured == 0.51 and shown_condition(fails) == "on code, the best condition"
+    holds = judge_at_least("C3", "speed-up", {"chat": est(1.3, 1.2, 1.4), "code": est(1.6, 1.5, 1.7)}, 1.0,
+                           "", "c", 2)
+    assert holds.measured == 1.3 and shown_condition(holds) == "on chat, the worst condition"
+    assert shown_condition(judge_at_least("C3", "speed-up", est(1.3, 1.2, 1.4), 1.0, "", "c", 2)) == ""

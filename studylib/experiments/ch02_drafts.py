@@ -105,7 +105,7 @@ def draft_table(model: LlamaModel, drafters: Mapping[str, object], meta: dict | 
     # table, so the two numbers do not read as a contradiction.
     df.attrs[CAPTION_KEY] = (
         f"Forward ms: one decode forward, alone, after a {context}-token context (median of {repeats}), on the "
-        "path each drafter takes (a drafter that skips layers leaves the fused decode step). The AR milliseconds "
+        "path each drafter takes (a drafter that skips layers runs the fused decode step without them). The AR milliseconds "
         "per token further down time whole decode steps of the decoder loop (sampling and cache bookkeeping "
         "included) at each prompt's context, so they are longer. Measured c is a ratio of two forwards timed "
         "the same way.")

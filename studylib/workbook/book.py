@@ -39,6 +39,7 @@ from studylib.claims import (
     ci_level,
     format_bar,
     load_chapter,
+    shown_condition,
 )
 from studylib.workbook.fonts import FONT_FAMILY, font_face_css
 from studylib.workbook.paths import atomic_write
@@ -239,7 +240,8 @@ def claim_summary(decision: Verdict, parts: Sequence[Verdict]) -> str:
         items = []
         parts = weakest_first(parts)  # a skimmer reads the failure first
         for p in parts[:6]:
-            items.append(f"<li>{html.escape(p.metric)}: "
+            where = shown_condition(p)
+            items.append(f"<li>{html.escape(p.metric)}{html.escape(f' ({where})' if where else '')}: "
                          f"{html.escape(format_ci(p.measured, p.ci, p.n, p.unit, p.confidence))} {badge(p.verdict)}</li>")
         more = f"<li>and {len(parts) - 6} more rows in the verdict table below</li>" if len(parts) > 6 else ""
         number = html.escape(str(decision.measured if decision.measured is not None else "")) + \

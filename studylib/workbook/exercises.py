@@ -70,7 +70,7 @@ EXERCISES: dict[int, tuple[Exercise, ...]] = {
     2: (
         Exercise("Longer drafts", "Does a larger draft length γ commit more tokens per step, or waste more "
                  "draft work on rejections?",
-                 "where the measured speed-up curve leaves the theory's 1 - α^(γ+1) / (1 - α) prediction.",
+                 "where the measured speed-up curve leaves the theory's (1 - α^(γ+1)) / (1 - α) prediction.",
                  steps=((2, {"gamma": 8, "sweep_gammas": [2, 4, 8, 12]}),)),
         Exercise("Prompt lookup where it should shine", "When the output quotes the input (summaries), how "
                  "far does copying from the prompt go?",

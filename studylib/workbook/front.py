@@ -24,6 +24,7 @@ from studylib.claims import (
     Verdict,
     load_chapter,
     load_verdicts,
+    shown_condition,
     shown_metric,
     study_decisions,
     verdict_table,
@@ -193,7 +194,7 @@ def bottom_line(verdicts: Sequence[Verdict]) -> str:
     c7 = next((d for d in decisions if d.id == "C7"), None)
     parts = _c7_parts(verdicts)
     if c7 is not None and parts:
-        items = "".join(f"<li>{html.escape(p.metric)}: {html.escape(format_ci(p.measured, p.ci, p.n, p.unit, p.confidence))} "
+        items = "".join(f"<li>{html.escape(p.metric)}{html.escape(f' ({shown_condition(p)})' if shown_condition(p) else '')}: {html.escape(format_ci(p.measured, p.ci, p.n, p.unit, p.confidence))} "
                         f"{badge(p.verdict)}</li>" for p in weakest_first(parts))
         text += (f"<p>The headline (C7: over 99% of quality kept, end-to-end latency cut more than tenfold, "
                  f"throughput up 8 to 12 times) is judged by its weakest part: {badge(c7.verdict)}. Its parts, "
@@ -216,13 +217,11 @@ def claims_table(verdicts: Sequence[Verdict], chapters: Mapping[int, str]) -> st
             if numeric:
                 # weakest: the worst verdict, then the CI's end nearest its bar (as a multiple of the bar)
                 w = weakest_first(numeric)[0]
-                # a part that holds under conditions shows a condition where it holds: say so, or the
-                # "weakest" number reads as a clean pass
-                where = ("; the number is one condition where it holds, and it misses in others (the chapter "
-                         "lists each)" if w.verdict == CONDITIONAL else "")
-                decided += (f"<br><small>weakest part: {html.escape(w.metric)} = "
+                on = shown_condition(w)
+                decided += (f"<br><small>weakest part: {html.escape(w.metric)}"
+                            f"{html.escape(f' ({on})' if on else '')} = "
                             f"{html.escape(format_ci(w.measured, w.ci, w.n, w.unit, w.confidence))} against the bar "
-                            f"{html.escape(bar_with_origin(w))} (chapter {w.chapter}){where}</small>")
+                            f"{html.escape(bar_with_origin(w))} (chapter {w.chapter})</small>")
         rows.append(f"<tr><td><b>{d.id}</b></td><td>{html.escape(claim.text if claim else d.claim)}</td>"
                     f"<td>{badge(d.verdict)}</td><td>{decided}</td><td>{html.escape(d.conditions or '')}</td>"
                     f"<td>{links}</td></tr>")

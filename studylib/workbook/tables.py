@@ -224,8 +224,9 @@ def to_html(df: Any) -> str:
             + "; ".join(_html.escape(w) for w in why) + ".</p>") if why else ""
     cap = getattr(df, "attrs", {}).get(CAPTION_KEY)
     if cap:
+        stop = "" if cap.rstrip().endswith((".", "!", "?")) else "."  # a caption that ends its sentence
         foot = (f"<p class='studylib-table-note' style='font-size:0.85em;margin-top:0.3em'><i>{_html.escape(cap)}"
-                "</i>.</p>") + foot
+                f"</i>{stop}</p>") + foot
     return f"<div style='max-width:100%;overflow-x:auto'>{table}</div>{foot}"
 
 
