@@ -81,3 +81,12 @@ def test_rows_are_judged_as_declared():
         rows = inter.judge_c8(sat_runs(TTFT[: len(tpot)], tpot), "c")
         stamped = decisions.stamp(rows, 5)
         assert len(stamped) == 3
+
+
+def test_the_c8_sentence_names_the_verify_block_the_table_was_built_for():
+    """A tree drafter verifies 17 tokens; the sentence once said gamma + 1 = 6 beside a table built for 17."""
+    curve = pd.DataFrame({"batch": [1, 1, 8, 8], "tokens_per_seq": [1, 17, 1, 17],
+                          "step_s": [0.01, 0.03, 0.02, 0.2]})
+    c8 = inter.c8_table(curve, 0.5, 5, 0.4, tokens_per_step=1.8, verify_tokens=17, draft_forwards=5)
+    assert inter.explain_c8(c8, 5, 17).startswith("Verifying 17 tokens per sequence costs 3.00x")
+    assert inter.explain_c8(c8, 5).startswith("Verifying 6 tokens")  # a chain of 5 drafts

@@ -302,9 +302,10 @@ def interpretation(summary: pd.DataFrame) -> str:
     """One sentence that reads the numbers, so it stays true whatever they are."""
     best = summary.loc[summary["TTFT speedup"].idxmax()]
     ctrl = summary[summary.workload == "no_sharing"]
-    text = (f"Largest TTFT gain: {best['TTFT speedup']:.1f}x on {best.workload} at a {best['hit rate']:.0%} hit "
-            f"rate. TPOT moves by at most {max(abs(1 - summary['TPOT p50 none (ms)'] / summary['TPOT p50 radix (ms)'])):.0%}"
-            " between arms: the cache removes prefill work, not decode work.")
+    tpot = max(abs(1 - summary['TPOT p50 none (ms)'] / summary['TPOT p50 radix (ms)']))
+    text = (f"Largest TTFT gain: {best['TTFT speedup']:.1f}x on {best.workload}, where the cache held "
+            f"{best['hit rate']:.0%} of the prompt tokens. TPOT moves by at most {tpot:.1%} between arms: the "
+            "cache removes prefill work, not decode work.")
     if len(ctrl):
         text += f" The no-sharing control hits {float(ctrl['hit rate'].iloc[0]):.0%} of its prompt tokens."
     return text

@@ -374,11 +374,13 @@ def export_requests(items: Sequence[WorkloadItem], tokenizer, path: str | Path) 
     return path
 
 
-def explain_c8(c8: pd.DataFrame, gamma: int) -> str:
-    """One sentence reading the C8 table (true whatever the numbers are)."""
+def explain_c8(c8: pd.DataFrame, gamma: int, verify_tokens: int | None = None) -> str:
+    """One sentence reading the C8 table (true whatever the numbers are). ``verify_tokens``: the tokens the
+    drafter's verify step scores (a tree's block; a chain of ``gamma`` drafts scores gamma + 1)."""
     a, b = c8.iloc[0], c8.iloc[-1]
     trend = "shrinks" if b.speculative_gain < a.speculative_gain else "does not shrink"
-    return (f"Verifying {gamma + 1} tokens per sequence costs {a.verify_over_step:.2f}x a plain decode step at batch "
+    block = gamma + 1 if verify_tokens is None else int(verify_tokens)
+    return (f"Verifying {block} tokens per sequence costs {a.verify_over_step:.2f}x a plain decode step at batch "
             f"{int(a.batch)} and {b.verify_over_step:.2f}x at batch {int(b.batch)}; the modelled speculative gain "
             f"goes from {a.speculative_gain:.2f}x to {b.speculative_gain:.2f}x ({trend} over this range), while "
             f"batching alone gives {b.batching_gain:.2f}x the batch-{int(a.batch)} throughput at batch {int(b.batch)}.")
