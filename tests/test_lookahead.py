@@ -308,3 +308,18 @@ def test_trajectory_cells_show_whole_tokens_and_visible_escapes():
     assert _cell_token(" reusable") == " reusable" and _cell_token("bottleneck") == "bottleneck"
     assert _cell_token("\n") == "\\n"
     assert _cell_token("internationalisation") == "internati…" and len(_cell_token("x" * 40)) == 10
+
+
+def test_the_cost_sentence_tells_a_predicted_win_from_a_measured_one():
+    """Chapter 3 said 3 of 9 pairs 'beat AR' where only the cost curve predicted it (no measured speed-up
+    reached 1)."""
+    import pandas as pd
+
+    from studylib.experiments.ch03_figures import explain_cost
+
+    curve = pd.DataFrame({"T": [1, 4, 8], "relative": [1.0, 1.2, 1.6]})
+    cost = pd.DataFrame({"compression": [1.5, 1.4, 1.0], "break_even": [1.2, 1.2, 1.2],
+                         "speedup": [0.94, 1.1, 0.8], "predicted_speedup": [1.2, 1.1, 0.8]})
+    text = explain_cost(cost, curve)
+    assert "2 of 3 method/workload pairs" in text and "the cost curve predicts they beat AR" in text
+    assert "measured, 1 of them does" in text
