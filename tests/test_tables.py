@@ -15,6 +15,7 @@ from studylib.workbook.tables import NOT_MEASURED, header, install, number, read
 @pytest.mark.parametrize(("name", "text"), [
     ("throughput_tok_s", "Throughput (tok/s)"), ("ttft_p99_s", "TTFT p99 (s)"), ("kv_budget_mib", "KV budget (MiB)"),
     ("step_ms", "Step (ms)"), ("arm", "Arm"), ("e2el_p50_s", "End-to-end latency p50 (s)"),
+    ("requests_per_s", "Requests per second"),  # once "Requests per (s)"
 ])
 def test_headers_read_as_words_with_units(name, text):
     assert header(name) == text

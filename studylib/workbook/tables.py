@@ -44,6 +44,10 @@ def header(name: Any) -> str:
     """``throughput_tok_s`` -> "throughput (tok/s)", ``ttft_p99_s`` -> "TTFT p99 (s)"."""
     text = str(name)
     unit = ""
+    if text.endswith("_per_s") and len(text) > 6:  # requests_per_s: a rate, not a time ("Requests per (s)")
+        words = [_WORDS.get(w.lower(), w) for w in text[:-6].replace("-", "_").split("_") if w]
+        out = " ".join(words) + " per second"
+        return out[:1].upper() + out[1:] if out[0].islower() else out
     for suffix, u in _UNITS:
         if text.endswith(suffix) and len(text) > len(suffix):
             text, unit = text[: -len(suffix)], u
