@@ -170,3 +170,16 @@ def test_engines_made_from_a_loaded_model_are_the_engines_loaded_afresh_and_leav
     assert shared["dense fused"].fused_decode and not base.fused_decode
     assert base.weights_format == "dense" and base.act == "fp32"
     assert all(torch.equal(before[k], v) for k, v in base.state_dict().items())
+
+
+def test_the_bench_sentence_formats_its_byte_ratio_from_the_rooflines():
+    """It once said '5.6x fewer bytes per token' as a fixed string, beside rooflines that gave 5.35x."""
+    from studylib.experiments.ch01_report import explain_bench
+
+    def bench(roof):
+        return {"speedup_vs_hf": {"value": 1.2, "ci_low": 1.1, "ci_high": 1.3}, "identical_to_hf": 1.0,
+                "prompts": 10, "repeats": 1, "max_new_tokens": 64, "fraction_of_roofline": {"value": 0.5},
+                "roofline_tok_s": roof}
+
+    text = explain_bench({"dense": bench(54.84), "gguf": bench(293.34)})
+    assert "5.3x fewer bytes per token" in text and "1 repeat of" in text and "`" not in text

@@ -33,7 +33,9 @@ def explain_latency(fit: dict) -> str:
 def explain_batch(scaling: pd.DataFrame) -> str:
     last = scaling.iloc[-1]
     knee = knee_batch(scaling)
-    where = (f"the step time doubles at batch {knee}, where arithmetic starts to dominate"
+    # "doubles" is where a step stops being nearly free to widen; whether that is arithmetic or the extra
+    # KV reads is the roofline's question (the section below), so the sentence does not say
+    where = (f"the step time first doubles at batch {knee}"
              if knee else "the step time never doubles within this sweep: still memory-bound at the largest batch")
     return (f"Going from 1 to {int(last.batch)} sequences per step multiplies the step time by "
             f"{last.time_vs_batch1:.1f} but the tokens per second by {last.tokens_vs_batch1:.1f}; {where}.")
@@ -158,13 +160,19 @@ def explain_bench(benches: dict) -> str:
         sp = bench["speedup_vs_hf"]
         same = bench["identical_to_hf"]
         rel = "faster than" if sp["ci_low"] > 1 else ("slower than" if sp["ci_high"] < 1 else "level with")
-        parts.append(f"With `--weights {weights}`, on {plural(bench['prompts'], 'prompt')} x {plural(bench['repeats'], 'repeat')} of "
+        engine = "the GGUF engine (the model's 4-bit blocks)" if weights == "gguf" else f"{weights} weights"
+        parts.append(f"With {engine}, on {plural(bench['prompts'], 'prompt')} x {plural(bench['repeats'], 'repeat')} of "
                      f"{bench['max_new_tokens']} tokens, this runtime is {rel} HF generate ({sp['value']:.2f}x) and "
                      f"reaches {bench['fraction_of_roofline']['value']:.0%} of its roofline while decoding; "
                      f"{same:.0%} of outputs are token-identical to HF's.")
     if len(parts) > 1:
-        parts.append("The `gguf` engine reads the model's own 4-bit blocks (chapter 8): the same weights as the "
-                     "fp32 model, 5.6x fewer bytes per token, so its roofline is higher and its ratio to HF (which "
+        # bytes per token from the two rooflines (the same bandwidth over each engine's bytes per token)
+        fewer = ""
+        if {"dense", "gguf"} <= benches.keys() and benches["dense"].get("roofline_tok_s"):
+            ratio = float(benches["gguf"]["roofline_tok_s"]) / float(benches["dense"]["roofline_tok_s"])
+            fewer = f", {ratio:.1f}x fewer bytes per token (the ratio of their rooflines)"
+        parts.append("The GGUF engine reads the model's own 4-bit blocks (chapter 8): the same weights as the "
+                     f"fp32 model{fewer}, so its roofline is higher and its ratio to HF (which "
                      "runs the fp32 weights) is the gain of reading fewer bytes plus a fused decode step.")
     return " ".join(parts)
 
