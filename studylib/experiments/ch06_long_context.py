@@ -156,7 +156,7 @@ def explain_quality(summary: pd.DataFrame) -> str:
     within = sp[sp.ppl_ratio <= 1.01]
     s = (f"Best: {best.pattern} at {best.ppl_ratio:.4f}x dense perplexity ({best.budget_frac:.0%} of the context "
          f"as KV budget); worst: {worst.pattern} at {worst.ppl_ratio:.4f}x. "
-         f"{len(within)} of {len(sp)} patterns stay within 1% of dense. Greedy continuations match dense on "
+         f"{len(within)} of {len(sp)} patterns {'stays' if len(within) == 1 else 'stay'} within 1% of dense. Greedy continuations match dense on "
          f"{span(sp.agreement.min(), sp.agreement.max())} of tokens.")
     return s
 
