@@ -300,3 +300,12 @@ def test_weakest_first_orders_a_verdict_by_how_far_its_ci_falls_short_of_its_bar
     c = judge_at_least("C7", "under load", est(1.63, 1.16, 2.24), 10.0, "", "", 7, role=PART)
     ok = judge_at_least("C7", "quality", est(1.0, 0.995, 1.0), 0.99, "", "", 7, role=PART)
     assert [v.metric for v in weakest_first([ok, a, b, c])] == ["under load", "latency", "throughput", "quality"]
+
+
+def test_the_run_line_names_the_dot_product_path_of_int8_activations():
+    line = settings_line({"params": {"weights": "gguf", "act": "int8", "device": "cpu"},
+                          "provenance": {"cpu": "Xeon", "isa": {"label": "amx_bf16"}, "int8_kernel": "amx"}})
+    assert "Xeon (ISA amx_bf16; int8 dot products on amx)" in line
+    plain = settings_line({"params": {"dtype": "float32", "device": "cpu"},
+                           "provenance": {"cpu": "Xeon", "isa": {"label": "amx_bf16"}, "int8_kernel": "amx"}})
+    assert "Xeon (ISA amx_bf16)" in plain

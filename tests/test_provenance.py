@@ -22,8 +22,10 @@ CPUINFO = "processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu sse2 {flags}\n
     ("avx avx2 fma", "avx2", ["avx2"]),
     ("avx2 avx512f avx512bw", "avx512", ["avx2", "avx512f"]),
     ("avx2 avx512f avx512_vnni avx512_bf16", "avx512_bf16", ["avx2", "avx512f", "avx512_bf16", "avx512_vnni"]),
+    # amx_int8 and avx_vnni are listed: the int8 kernel's AMX and VNNI paths stand on them
     ("avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8", "amx_bf16",
-     ["avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"]),
+     ["avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile"]),
+    ("avx2 avx_vnni", "avx2", ["avx2", "avx_vnni"]),
     ("sse4_2", "baseline", []),
 ])
 def test_cpu_isa_label_and_flags(flags, label, present):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 PACKAGES = ("studylib", "torch", "transformers", "triton", "numpy", "scipy", "papermill")
 # The /proc/cpuinfo flags that decide which CPU kernels are fast (bf16 arithmetic, wide FMA, AMX tiles).
-ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+ISA_FLAGS = ("avx2", "avx_vnni", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

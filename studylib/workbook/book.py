@@ -271,6 +271,14 @@ def arithmetic_words(params: Mapping[str, Any]) -> str:
     return str(params.get("dtype", ""))
 
 
+def _kernel_words(params: Mapping[str, Any], prov: Mapping[str, Any]) -> str:
+    """The dot-product path a run's int8 or bf16 activations took ("; int8 dot products on amx"): the
+    ISA label names the best bf16 unit, not the integer one a GGUF int8 chapter used."""
+    act = params.get("act")
+    kernel = prov.get(f"{act}_kernel") if act in ("int8", "bf16") else None
+    return f"; {act} dot products on {kernel}" if kernel else ""
+
+
 def settings_line(data: Mapping[str, Any]) -> str:
     prov = data.get("provenance") or {}
     params = data.get("params") or {}
@@ -279,7 +287,7 @@ def settings_line(data: Mapping[str, Any]) -> str:
             " on ".join(b for b in (arithmetic_words(params), str(params.get("device") or "")) if b),
             f"{prov.get('torch_threads') or params.get('threads')} threads",
             f"profile {params.get('profile')}" if params.get("profile") else "",
-            f"{prov.get('cpu')}" + (f" (ISA {isa})" if isa else "") if prov.get("cpu") else "",
+            f"{prov.get('cpu')}" + (f" (ISA {isa}{_kernel_words(params, prov)})" if isa else "") if prov.get("cpu") else "",
             f"GPU {prov['gpu']}" if prov.get("gpu") else "",
             f"measured at commit {commit_label(prov)}" if prov.get("git_commit") else "",
             str(prov.get("date", ""))[:10]]
