@@ -233,3 +233,6 @@ def test_provenance_records_the_load_beside_the_numbers():
     assert prov["load_average_1min"] is None or prov["load_average_1min"] >= 0
     rows = dict(provenance_rows({**prov, "load_average_1min": 1.5}))
     assert "load average 1.5 when it started" in rows["hardware"]
+    # the appendix shows the record saved with the results: it says so, not "when it started"
+    saved = dict(provenance_rows({**prov, "load_average_1min": 1.9}, "saved"))
+    assert "load average 1.9 when its results were saved" in saved["hardware"] and "saved" in saved

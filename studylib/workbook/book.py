@@ -303,7 +303,7 @@ def appendix(data: Mapping[str, Any]) -> str:
     prov.pop("params", None)
     rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td><code>{html.escape(json.dumps(v, ensure_ascii=False))}"
                    f"</code></td></tr>" for k, v in params.items())
-    prow = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in provenance_rows(prov))
+    prow = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in provenance_rows(prov, "saved"))
     return ("<details class='appendix'><summary>Appendix: every parameter of this run and its provenance</summary>"
             f"<h4>Parameters</h4><table class='kv'>{rows}</table><h4>Provenance</h4><table class='kv'>{prow}</table>"
             "</details>")

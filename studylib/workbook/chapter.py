@@ -97,16 +97,21 @@ def save_chapter(chapter: int, title: str, verdicts: Sequence[Verdict], measurem
     return path
 
 
-def provenance_rows(prov: Mapping[str, Any]) -> list[tuple[str, str]]:
+def provenance_rows(prov: Mapping[str, Any], moment: str = "started") -> list[tuple[str, str]]:
+    """The provenance as labelled rows. ``moment``: when ``prov`` was taken, "started" (the table a
+    chapter shows first) or "saved" (the record ``save_chapter`` writes when the results are in): the
+    two tables of one page differ in time and load, and each says which it is."""
     from studylib.bench.provenance import commit_label
+
+    when = "when it started" if moment == "started" else "when its results were saved"
 
     v = prov.get("versions", {})
     libs = ", ".join(f"{k} {v[k]}" for k in ("studylib", "torch", "transformers", "triton") if v.get(k))
-    rows = [("measured", str(prov.get("date"))), ("git commit", commit_label(prov)),
+    rows = [("measured" if moment == "started" else "saved", str(prov.get("date"))), ("git commit", commit_label(prov)),
             ("hardware", f"{prov.get('cpu')} ({prov.get('cpu_count')} cores, torch threads "
                          f"{prov.get('torch_threads')})" + (f"; ISA {prov['isa']['label']}" if prov.get("isa") else "")
                          + (f"; GPU {prov['gpu']}" if prov.get("gpu") else "")
-                         + (f"; load average {prov['load_average_1min']:g} when it started"
+                         + (f"; load average {prov['load_average_1min']:g} {when}"
                             if isinstance(prov.get("load_average_1min"), int | float) else "")),
             ("software", f"Python {prov.get('python')}; {libs}"
                          + (f"; CPU fp32 linear: {prov['cpu_linear']}" if prov.get("cpu_linear") else "")
