@@ -16,6 +16,8 @@ from studylib.workbook.tables import NOT_MEASURED, header, install, number, read
     ("throughput_tok_s", "Throughput (tok/s)"), ("ttft_p99_s", "TTFT p99 (s)"), ("kv_budget_mib", "KV budget (MiB)"),
     ("step_ms", "Step (ms)"), ("arm", "Arm"), ("e2el_p50_s", "End-to-end latency p50 (s)"),
     ("requests_per_s", "Requests per second"),  # once "Requests per (s)"
+    ("tv_bound", "TV bound"), ("chi2_p", "χ² p"), ("mdc", "Minimum detectable change"), ("top1", "Top-1"),
+    ("v", "v"), ("c", "c"), ("kv_kib_per_token", "KV KiB per token"),
 ])
 def test_headers_read_as_words_with_units(name, text):
     assert header(name) == text

@@ -24,7 +24,13 @@ _N_COLUMNS = ("n", "prompts", "requests", "documents", "repeats")
 _DROP = {"estimate"}  # Estimate objects: their numbers are in the neighbouring columns already
 _WORDS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "end-to-end", "e2el": "end-to-end latency",
           "kv": "KV", "ar": "AR", "ci": "CI", "ppl": "perplexity", "kl": "KL", "p50": "p50", "p99": "p99",
-          "slo": "SLO", "hf": "HF", "gguf": "GGUF", "isa": "ISA", "tok": "tokens", "req": "requests"}
+          "slo": "SLO", "hf": "HF", "gguf": "GGUF", "isa": "ISA", "tok": "tokens", "req": "requests",
+          "tv": "TV", "chi2": "χ²", "mdc": "minimum detectable change", "top1": "top-1", "topk": "top-k",
+          "tau": "τ", "kib": "KiB", "mib": "MiB", "gbs": "GB/s", "llama": "llama", "cpp": "cpp",
+          "flops": "FLOPs", "gpu": "GPU", "cpu": "CPU", "rel": "relative", "acc": "accuracy",
+          "leviathan": "(Leviathan et al.)"}
+# Symbols the chapters define (v(k), c, n): kept lower-case at the start of a header.
+_SYMBOLS = {"v", "c", "n", "k", "τ", "α", "γ", "χ²"}
 
 
 def plural(n: int | float, word: str, many: str | None = None) -> str:
@@ -54,7 +60,8 @@ def header(name: Any) -> str:
             break
     words = [_WORDS.get(w.lower(), w) for w in text.replace("-", "_").split("_") if w]
     out = " ".join(words)
-    out = out[:1].upper() + out[1:] if out and out[0].islower() else out
+    if words and words[0] not in _SYMBOLS:
+        out = out[:1].upper() + out[1:] if out and out[0].islower() else out
     return f"{out} ({unit})" if unit else out
 
 
