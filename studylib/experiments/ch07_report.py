@@ -187,12 +187,16 @@ def hardware_text() -> str:
     return f"{cpu} ({os.cpu_count()} cores, torch threads {torch.get_num_threads()}){gpu}"
 
 
-def conditions_text(model, workloads: Mapping[str, cc.NamedWorkload], draft_note: str, attention: str) -> str:
+def conditions_text(model, workloads: Mapping[str, cc.NamedWorkload], draft_note: str, attention: str,
+                    which: str = "the confirmation run's fresh requests") -> str:
+    """The verdicts' conditions. ``which``: whose requests ``workloads`` are; the verdicts read the
+    confirmation run, whose requests differ from the selection pass's table at the top of the page, so
+    their token ranges differ too and the text says whose they are."""
     wl = "; ".join(f"{n} x{len(w.requests)} ({min(len(r.tokens) for r in w.requests)}-"
                    f"{max(len(r.tokens) for r in w.requests)} prompt tokens)" for n, w in workloads.items())
     new = max(r.max_new_tokens for w in workloads.values() for r in w.requests)
     return (f"{model.config.name} ({arithmetic(model)}) on {hardware_text()}; greedy; "
-            f"latency at batch 1, up to {new} new tokens; workloads: {wl}; draft: {draft_note}; "
+            f"latency at batch 1, up to {new} new tokens; workloads ({which}): {wl}; draft: {draft_note}; "
             f"sparse attention: {attention}")
 
 
