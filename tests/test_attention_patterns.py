@@ -296,6 +296,8 @@ def test_exponents_and_crossover_from_synthetic_timings():
     assert fits.loc["window:8", "exponent"] == pytest.approx(1, abs=0.01)
     cross = ch06.crossover(cost).set_index("pattern")
     assert 64 < cross.loc["window:8", "crossover_len"] < 128  # 1e-6 T^2 = 1e-4 T at T = 100
+    # one speed-up column, at each series' own longest length: no 'not measured' cell for a length it ran
+    assert cross["speedup_at_longest"].notna().all() and (cross["longest_len"] == 256).all()
     assert ch06.speedup_at(cost, 256, "window:8")["value"] == pytest.approx(256 / 100, rel=1e-6)
     # A length the sweep did not time: no speed-up, but the work bound and the aim table still stand.
     unmeasured = ch06.speedup_at(cost, 8192, "window:8")
