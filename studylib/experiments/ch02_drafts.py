@@ -158,7 +158,7 @@ def self_spec_summary(spec: str, info: Mapping | None) -> str:
     best = max(info["path"][1:], key=lambda s: s["predicted_speedup"])
     from studylib.workbook.tables import plural
 
-    return (f"The search skipped up to {plural(info['budget'], 'layer')}; the best predicted trade-off skips "
+    return (f"The search skipped up to {plural(info['budget'], 'layer')}; of the drafts that skip at least one layer, the best predicted trade-off skips "
             f"{plural(len(best['skipped']), 'layer')} ({spec}) with first-token acceptance {best['alpha']:.2f} at a weight cost "
             f"of {best['cost_ratio']:.2f}, predicting {best['predicted_speedup']:.2f}x at gamma = {best['best_gamma']} "
             f"if verification were free. Acceptance goes from {info['path'][1]['alpha']:.2f} with one layer skipped "

@@ -21,6 +21,9 @@ from studylib.experiments.ch02_peers import TREE_ONLY
 from studylib.workbook import illustration as ill
 from studylib.workbook.tables import why_not_measured
 
+# How a head's training ended, in words (head_train's stop reasons).
+_STOPS = {"max_steps": "stopped at its step cap", "curve flat": "stopped when its held-out curve flattened",
+          "time cap": "stopped at its time cap"}
 
 def chapter_head(model_name: str, name: str = "eagle", retrain: bool = False, loaded: tuple | None = None) -> dict:
     """The EAGLE head chapter 2 runs: the one shipped with the study (``name``: ``eagle``, the shipped
@@ -77,7 +80,7 @@ def head_summary(meta: dict) -> str:
             f"{(corpus.get('answer_tokens') or 0):,} tokens of the target's own answers ({corpus.get('answers') or 0:,} "
             f"answers to {corpus.get('prompts') or 0:,} prompts, none of them a prompt any chapter evaluates) for "
             f"{tr.get('steps')} steps ({(tr.get('seconds') or 0) / 3600:.1f} hours in {tr.get('precision')} on "
-            f"{mach.get('cpu', 'a CPU')}; stopped: {tr.get('stop')}). On held-out answers its first drafted token "
+            f"{mach.get('cpu', 'a CPU')}; {_STOPS.get(tr.get('stop'), 'stopped: ' + str(tr.get('stop')))}). On held-out answers its first drafted token "
             f"equals the target's {100 * fin.get('top1_1', float('nan')):.1f}% of the time and its second "
             f"{100 * fin.get('top1_2', float('nan')):.1f}%. Its LM head keeps the {meta.get('head_vocab') or 'full'} "
             "tokens the target ranks first most often (FR-Spec); `eagle:full` uses the whole LM head.")

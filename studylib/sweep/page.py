@@ -303,6 +303,6 @@ def sweeps_block(profile_dir: Path) -> str:
         ok = sum(c["status"] in ("ok", "up to date") for c in s["cells"])
         items.append(f"<li><a href='sweeps/{html.escape(d.name)}/index.html'>{html.escape(s['name'])}</a>: "
                      f"{len(s['cells'])} cells ({ok} with results)"
-                     + (f", {html.escape(s['description'])}" if s.get("description") else "") + "</li>")
+                     + (f". {html.escape(s['description'])}" if s.get("description") else "") + "</li>")
     return "<ul>" + "".join(items) + "</ul>" if items else ""
 
