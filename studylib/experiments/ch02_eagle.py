@@ -25,6 +25,7 @@ from studylib.workbook.tables import why_not_measured
 _STOPS = {"max_steps": "stopped at its step cap", "curve flat": "stopped when its held-out curve flattened",
           "time cap": "stopped at its time cap"}
 
+
 def chapter_head(model_name: str, name: str = "eagle", retrain: bool = False, loaded: tuple | None = None) -> dict:
     """The EAGLE head chapter 2 runs: the one shipped with the study (``name``: ``eagle``, the shipped
     default, or ``eagle1`` / ``eagle3``; ``eagle.head_path``), read from its manifest; nothing is trained.
