@@ -119,6 +119,9 @@ def test_provenance_rows_show_short_commit_dirty_mark_and_isa():
                                  "isa": {"label": "avx2", "flags": ["avx2"]}}))
     assert rows["git commit"] == "f" * 12 + " (dirty tree)"
     assert "ISA avx2" in rows["hardware"]
+    # each kernel family's build, named for what it computes (the pages once read "Quest decode kernel: c")
+    rows = dict(provenance_rows({"python": "3.11", "cpu_linear": "stream", "int8_kernel": "amx", "quest_kernel": "c"}))
+    assert rows["software"].endswith("kernels: fp32 linear stream, int8 dot products amx, Quest page scores c")
 
 
 # ---------------------------------------------------------------------------------------------- artifacts

@@ -104,6 +104,12 @@ def provenance_rows(prov: Mapping[str, Any], moment: str = "started") -> list[tu
     from studylib.bench.provenance import commit_label
 
     when = "when it started" if moment == "started" else "when its results were saved"
+    # which build of each kernel family this machine chose (forced by its STUDYLIB_* switch, else by the
+    # CPU's flags), named for what it computes
+    kernels = ", ".join(f"{what} {prov[key]}" for key, what in (
+        ("cpu_linear", "fp32 linear"), ("quant_kernel", "4-bit blocks x fp32"), ("int8_kernel", "int8 dot products"),
+        ("bf16_kernel", "bf16 dot products"), ("invariant_kernels", "batch-invariant"),
+        ("quest_kernel", "Quest page scores")) if prov.get(key))
 
     v = prov.get("versions", {})
     libs = ", ".join(f"{k} {v[k]}" for k in ("studylib", "torch", "transformers", "triton") if v.get(k))
@@ -114,8 +120,7 @@ def provenance_rows(prov: Mapping[str, Any], moment: str = "started") -> list[tu
                          + (f"; load average {prov['load_average_1min']:g} {when}"
                             if isinstance(prov.get("load_average_1min"), int | float) else "")),
             ("software", f"Python {prov.get('python')}; {libs}"
-                         + (f"; CPU fp32 linear: {prov['cpu_linear']}" if prov.get("cpu_linear") else "")
-                         + (f"; Quest decode kernel: {prov['quest_kernel']}" if prov.get("quest_kernel") else ""))]
+                         + (f"; kernels: {kernels}" if kernels else ""))]
     params = prov.get("params") or {}
     if params:
         rows.append(("parameters", ", ".join(f"{k}={val}" for k, val in params.items())))
