@@ -141,3 +141,16 @@ def test_span_reads_as_one_value_when_both_ends_print_the_same():
     from studylib.workbook.tables import span
 
     assert span(1.0, 0.9999) == "100%" and span(0.92, 0.97) == "92%-97%" and span(0.5, 0.75, ".2f") == "0.50-0.75"
+
+
+def test_a_corrected_level_in_the_frame_names_the_ci_headers():
+    """Chapter 8's speed table carried 99.38% CIs under '(95% CI, n)' headers and a 'Confidence 0.994' column."""
+    import pandas as pd
+
+    df = pd.DataFrame({"arm": ["a", "b"], "speedup": [1.2, 1.4], "speedup_low": [1.1, 1.3],
+                       "speedup_high": [1.3, 1.5], "confidence": [1 - 0.05 / 8] * 2})
+    out = readable(df)
+    assert list(out.columns) == ["Arm", "Speedup (99.38% CI)"]
+    assert list(readable(df.drop(columns=["confidence"])).columns) == ["Arm", "Speedup (95% CI)"]
+    mixed = readable(df.assign(confidence=[0.95, 0.99]))
+    assert "Speedup (CI)" in mixed.columns and "Confidence" in mixed.columns

@@ -139,6 +139,17 @@ def readable(df: Any):
     # A pivot's two-level headers ('ms', 'dense') read as "ms dense", never as a printed tuple.
     frame.columns = [" ".join(str(x) for x in c if str(x)) if isinstance(c, tuple) else str(c) for c in frame.columns]
     frame = frame[[c for c in frame.columns if c not in _DROP]]
+    # A CI's level: 95% unless the frame says otherwise. A "confidence" column with one value (a
+    # Bonferroni-corrected level, 0.9938) names it in the CI headers and goes; with several, it stays a
+    # column and the headers say "CI" without a level.
+    level = "95% CI"
+    if "confidence" in frame.columns and pd.api.types.is_numeric_dtype(frame["confidence"]):
+        levels = frame["confidence"].dropna().unique()
+        if len(levels) == 1:
+            level = f"{100 * float(levels[0]):.4g}% CI"
+            frame = frame.drop(columns=["confidence"])
+        elif len(levels) > 1:
+            level = "CI"
     columns = list(frame.columns)
     n_cols = [c for c in columns if c in _N_COLUMNS and pd.api.types.is_integer_dtype(frame[c])]
     n_col = n_cols[0] if len(n_cols) == 1 else None
@@ -151,7 +162,7 @@ def readable(df: Any):
         if c in triples:
             lo, hi = triples[c]
             merged |= {lo, hi}
-            out[header(c) + " (95% CI" + (", n)" if n_col else ")")] = [
+            out[header(c) + f" ({level}" + (", n)" if n_col else ")")] = [
                 _with_ci(v, a, b, frame[n_col].iloc[i] if n_col else None)
                 for i, (v, a, b) in enumerate(zip(frame[c], frame[lo], frame[hi], strict=True))]
         else:
