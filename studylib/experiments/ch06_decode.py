@@ -320,7 +320,7 @@ def document_summary(docs: pd.DataFrame, confidence: float = 0.95) -> pd.DataFra
                      "ppl_ratio_high": e.ci_high, "kl_nats": float(g["kl"].median()),
                      "top1_agreement": float(g["top1"].median()),
                      "greedy_agreement": float(g["greedy_agreement"].median()), "estimate": e,
-                     "task": task, "speed_estimate": speed})
+                     "task": task, "speed_estimate": speed, "confidence": confidence})
     return pd.DataFrame(rows)
 
 
