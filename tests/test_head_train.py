@@ -186,3 +186,11 @@ def test_a_retrain_is_compared_with_the_shipped_head_at_the_same_point():
     assert against_shipped(partial, ref).startswith("the shipped run at step 500 of 1000: 0.550 and 0.420 (difference +0.010")
     early = {"training": {"steps": 100}, "heldout": {"final": {"top1_1": 0.2, "top1_2": 0.1}}}
     assert "no held-out point" in against_shipped(early, ref) and "first is at step 250" in against_shipped(early, ref)
+    # a retrain that evaluated at step 500 too is compared there, point for point (this session's 276-step
+    # retrain read 'difference +0.001' from its final point where its step 250 equalled the shipped one)
+    same = {**partial, "heldout": {**partial["heldout"], "curve": [{"step": 500, "top1_1": 0.55, "top1_2": 0.42}]}}
+    assert against_shipped(same, ref) == ("the shipped run at step 500 of 1000: 0.55000 against this run's 0.55000 "
+                                          "at the same step (identical, loss included: the training reproduced "
+                                          "bit for bit)")
+    off = {**partial, "heldout": {**partial["heldout"], "curve": [{"step": 500, "top1_1": 0.54, "top1_2": 0.42}]}}
+    assert against_shipped(off, ref).endswith("(difference -0.01000)")

@@ -537,5 +537,15 @@ def against_shipped(meta: Mapping[str, Any], ref: Mapping[str, Any]) -> str:
         return (f"the shipped run has no held-out point at or before step {steps}"
                 + (f" (its first is at step {first}: retrain at least that long)" if first else ""))
     r = max(points, key=lambda c: int(c["step"]))
+    # The retrain evaluated at the same steps: compare at the latest step both have, where the two runs
+    # should agree to the bit if training is deterministic (its final point may lie a few steps later).
+    mine = {int(c["step"]): c for c in meta["heldout"].get("curve") or []}
+    same = mine.get(int(r["step"]))
+    if same is not None:
+        exact = same["top1_1"] == r["top1_1"] and same.get("cls_1") == r.get("cls_1")
+        return (f"the shipped run at step {int(r['step'])} of {ref_steps}: {r['top1_1']:.5f} against this run's "
+                f"{same['top1_1']:.5f} at the same step ("
+                + ("identical, loss included: the training reproduced bit for bit" if exact else
+                   f"difference {same['top1_1'] - r['top1_1']:+.5f}") + ")")
     return (f"the shipped run at step {int(r['step'])} of {ref_steps}: {r['top1_1']:.3f} and {r['top1_2']:.3f} "
             f"(difference {got['top1_1'] - r['top1_1']:+.3f} on the first drafted token)")
