@@ -118,6 +118,8 @@ def test_the_draft_cost_and_the_modelled_speculative_gain_stand_with_their_draft
     assert "int8 activations" in cost[2].conditions
     assert cost[5].value == "0.151" and "not measured there" in cost[5].conditions
     assert cost[7].value.startswith("0.466") and "self:exit:25" in cost[7].conditions
+    # chapter 7 wrote "this chapter's runs"; read on chapter 2's page or the front page, it names chapter 7
+    assert "source: chapter 7's runs" in cost[7].conditions and "this chapter" not in cost[7].conditions
     gain = {f.chapter: f for f in found["Speculative gain at batch 1, from the batching model"]}
     assert gain[5].value == "0.64x" and "batch 1" in gain[5].conditions  # the smallest batch, not the first row
     assert "acceptance 0.14 with 4 drafts" in gain[5].conditions  # a chain drafter's inputs

@@ -169,7 +169,13 @@ def _cost_ch05(data: Mapping[str, Any]) -> Figure | None:
     if not _finite(s.get("draft_cost")):
         return None
     return Figure(5, f"{s['draft_cost']:.3g}", f"an input of chapter 5's batching model, not measured there; "
-                                               f"taken from {s.get('source', 'its parameters')}")
+                                               f"taken from {_source(s.get('source', 'its parameters'), 5)}")
+
+
+def _source(text: Any, chapter: int) -> str:
+    """A source the chapter wrote about itself ("this chapter's speculative runs"), named by its chapter:
+    the entry is also read on other chapters' pages and the front page, where "this chapter" is another."""
+    return str(text or "?").replace("this chapter's", f"chapter {chapter}'s")
 
 
 def _cost_ch07(data: Mapping[str, Any]) -> Figure | None:
@@ -180,7 +186,7 @@ def _cost_ch07(data: Mapping[str, Any]) -> Figure | None:
     return Figure(7, _ci(a["cost_ratio"], None, None, a.get("requests") or None, "requests", ""),
                   f"the stack's drafter ({p.get('draft', 'auto')}) timed inside chapter 7's own runs, a draft "
                   f"forward / a target forward of its engine ({p.get('weights', 'dense')} weights); "
-                  f"source: {a.get('source', '?')}")
+                  f"source: {_source(a.get('source'), 7)}")
 
 
 def _spec_gain_ch05(data: Mapping[str, Any]) -> Figure | None:
@@ -211,7 +217,7 @@ def _spec_gain_ch07(data: Mapping[str, Any]) -> Figure | None:
     span = (f" (from the ends of the acceptance CI: {r['gain_low']:.3g} to {r['gain_high']:.3g})"
             if _finite(r.get("gain_low"), r.get("gain_high")) and r["gain_low"] != r["gain_high"] else "")
     return Figure(7, f"{r['gain']:.3g}x", f"a model at batch {r['batch']}{span}: acceptance {a['alpha']:.2f}, "
-                  f"draft cost {a['cost_ratio']:.3g}, both from {a.get('source', '?')}")
+                  f"draft cost {a['cost_ratio']:.3g}, both from {_source(a.get('source'), 7)}")
 
 
 KINDS: tuple[Kind, ...] = (
