@@ -584,7 +584,12 @@ def shown_condition(v: Verdict) -> str:
     m = _SHOWN.search(v.conditions or "")
     if not m:
         return ""
-    return f"on {m.group(1).strip()}, the {'worst' if v.verdict == HOLDS else 'best'} condition"
+    # how many conditions the row was judged over: the per-condition note's entries, each ending in its state
+    detail = (v.conditions or "").partition("per condition (")[2]
+    k = len(re.findall(rf"n=\d+ \w+ (?:{CLEARS}|{MISSES}|{STRADDLES}|{UNDERSAMPLED})(?:;|$)", detail))
+    if k == 1:
+        return f"on {m.group(1).strip()}, the only condition"
+    return f"on {m.group(1).strip()}, the {'worst' if v.verdict == HOLDS else 'best'} of {k or 'several'} conditions"
 
 
 def shown_metric(v: Verdict) -> str:

@@ -282,8 +282,10 @@ def test_a_row_over_several_conditions_says_which_one_its_number_is():
 
     fails = judge_at_least("C3", "speed-up", {"chat": est(0.3, 0.26, 0.37), "code": est(0.51, 0.45, 0.6)}, 1.0,
                            "", "c", 2)
-    assert fails.measured == 0.51 and shown_condition(fails) == "on code, the best condition"
+    assert fails.measured == 0.51 and shown_condition(fails) == "on code, the best of 2 conditions"
     holds = judge_at_least("C3", "speed-up", {"chat": est(1.3, 1.2, 1.4), "code": est(1.6, 1.5, 1.7)}, 1.0,
                            "", "c", 2)
-    assert holds.measured == 1.3 and shown_condition(holds) == "on chat, the worst condition"
+    assert holds.measured == 1.3 and shown_condition(holds) == "on chat, the worst of 2 conditions"
+    one = judge_at_least("C3", "speed-up", {"chat": est(0.3, 0.26, 0.37)}, 1.0, "", "c", 2)
+    assert shown_condition(one) == "on chat, the only condition"  # chapter 2's T=1 row read "the best condition"
     assert shown_condition(judge_at_least("C3", "speed-up", est(1.3, 1.2, 1.4), 1.0, "", "c", 2)) == ""
