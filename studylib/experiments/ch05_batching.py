@@ -317,7 +317,7 @@ def performance_aim(gains: pd.DataFrame, target: float = 8.0) -> pd.DataFrame:
 def conditions_text(model, n: int, max_new_tokens: int, workload: str = "chat") -> str:
     c = model.config
     return (f"{c.name}{' (random weights)' if c.random_weights else ''}, {arithmetic(model)} "
-            f"on {model.device.type}; {n} {workload} requests, <= {max_new_tokens} new tokens each; greedy; "
+            f"on {model.device.type}; {n} requests ({workload}), <= {max_new_tokens} new tokens each; greedy; "
             "saturation = all requests at t=0")
 
 
