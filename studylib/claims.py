@@ -354,8 +354,8 @@ def _state_note(state: str, p: Point, word: str, threshold: float, need: int, un
         return (f"no CI from at least {need} {unit} (n={p.n}); the rule cannot decide" if p.ci is None or
                 p.n is None or p.n < need else "no value")
     if state == STRADDLES:
-        return f"the {100 * confidence:.4g}% CI crosses the bar {word} {_fmt(threshold)}"
-    return f"the whole {100 * confidence:.4g}% CI misses the bar {word} {_fmt(threshold)}"
+        return f"the {ci_level(confidence)} CI crosses the bar {word} {_fmt(threshold)}"
+    return f"the whole {ci_level(confidence)} CI misses the bar {word} {_fmt(threshold)}"
 
 
 def judge_at_least(claim_id: str, metric: str, estimate: Any, threshold: float, claimed: str,

@@ -42,9 +42,9 @@ def _cell_verdicts(cell_dir: Path, chapter: int) -> list:
 
 
 def _measure(v) -> str:
-    from studylib.workbook.book import format_ci
+    from studylib.workbook.book import verdict_number
 
-    return format_ci(v.measured, v.ci, v.n, v.unit, v.confidence)
+    return verdict_number(v)
 
 
 def quantities(summary: dict[str, Any], sweep_dir: Path) -> dict[str, list[tuple[str, float, float, float, Any]]]:

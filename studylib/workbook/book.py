@@ -211,6 +211,17 @@ def weakest_first(verdicts: Sequence[Verdict]) -> list[Verdict]:
     return sorted(verdicts, key=key)
 
 
+def verdict_number(v: Verdict) -> str:
+    """A verdict row's number as the pages print it: value (its CI at its level, n with its unit)."""
+    return format_ci(v.measured, v.ci, v.n, v.unit, v.confidence)
+
+
+def metric_where(v: Verdict) -> str:
+    """A row's metric with the condition its number is from, when it was judged over several."""
+    where = shown_condition(v)
+    return f"{v.metric} ({where})" if where else v.metric
+
+
 def bar_ratio(v: Verdict) -> tuple[float, float, float] | None:
     """The measurement as a multiple of its bar (>= 1 clears it), with its CI, for the figure."""
     if not isinstance(v.measured, int | float) or v.ci is None or not v.threshold:
@@ -232,17 +243,14 @@ def claim_summary(decision: Verdict, parts: Sequence[Verdict]) -> str:
                  f"<p class='claim-en'>{html.escape(claim.text)}</p>")
     numeric = isinstance(decision.measured, int | float) and not isinstance(decision.measured, bool)
     if numeric:
-        number = html.escape(format_ci(decision.measured, decision.ci, decision.n, decision.unit,
-                                      decision.confidence))
+        number = html.escape(verdict_number(decision))
         bar = "" if format_bar(decision) == "all checks" else f" against the bar {html.escape(bar_with_origin(decision))}"
         number += bar
     else:
         items = []
         parts = weakest_first(parts)  # a skimmer reads the failure first
         for p in parts[:6]:
-            where = shown_condition(p)
-            items.append(f"<li>{html.escape(p.metric)}{html.escape(f' ({where})' if where else '')}: "
-                         f"{html.escape(format_ci(p.measured, p.ci, p.n, p.unit, p.confidence))} {badge(p.verdict)}</li>")
+            items.append(f"<li>{html.escape(metric_where(p))}: {html.escape(verdict_number(p))} {badge(p.verdict)}</li>")
         more = f"<li>and {len(parts) - 6} more rows in the verdict table below</li>" if len(parts) > 6 else ""
         number = html.escape(str(decision.measured if decision.measured is not None else "")) + \
             (f"<ul>{''.join(items)}{more}</ul>" if items else "")

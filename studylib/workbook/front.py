@@ -24,7 +24,6 @@ from studylib.claims import (
     Verdict,
     load_chapter,
     load_verdicts,
-    shown_condition,
     shown_metric,
     study_decisions,
     verdict_table,
@@ -35,8 +34,9 @@ from studylib.workbook.book import (
     badge,
     bar_ratio,
     bar_with_origin,
-    format_ci,
+    metric_where,
     page,
+    verdict_number,
     weakest_first,
     zh,
 )
@@ -194,8 +194,8 @@ def bottom_line(verdicts: Sequence[Verdict]) -> str:
     c7 = next((d for d in decisions if d.id == "C7"), None)
     parts = _c7_parts(verdicts)
     if c7 is not None and parts:
-        items = "".join(f"<li>{html.escape(p.metric)}{html.escape(f' ({shown_condition(p)})' if shown_condition(p) else '')}: {html.escape(format_ci(p.measured, p.ci, p.n, p.unit, p.confidence))} "
-                        f"{badge(p.verdict)}</li>" for p in weakest_first(parts))
+        items = "".join(f"<li>{html.escape(metric_where(p))}: {html.escape(verdict_number(p))} {badge(p.verdict)}</li>"
+                        for p in weakest_first(parts))
         text += (f"<p>The headline (C7: over 99% of quality kept, end-to-end latency cut more than tenfold, "
                  f"throughput up 8 to 12 times) is judged by its weakest part: {badge(c7.verdict)}. Its parts, "
                  f"weakest first:</p><ul>{items}</ul>")
@@ -208,7 +208,7 @@ def claims_table(verdicts: Sequence[Verdict], chapters: Mapping[int, str]) -> st
         claim = CLAIMS.get(d.id)
         chs = sorted({v.chapter for v in verdicts if v.id == d.id and v.role == DECISION})
         links = ", ".join(f"<a href='ch{c:02d}.html'>{c}</a>" if c in chapters else str(c) for c in chs)
-        decided = f"{html.escape(shown_metric(d))}: {html.escape(format_ci(d.measured, d.ci, d.n, d.unit, d.confidence))}"
+        decided = f"{html.escape(shown_metric(d))}: {html.escape(verdict_number(d))}"
         if not (isinstance(d.measured, int | float) and not isinstance(d.measured, bool)):
             # a decision over parts: the reader needs the number that decided it, the weakest counted part
             numeric = [v for v in verdicts if v.id == d.id and v.role != DECISION and not v.by_construction
@@ -217,10 +217,8 @@ def claims_table(verdicts: Sequence[Verdict], chapters: Mapping[int, str]) -> st
             if numeric:
                 # weakest: the worst verdict, then the CI's end nearest its bar (as a multiple of the bar)
                 w = weakest_first(numeric)[0]
-                on = shown_condition(w)
-                decided += (f"<br><small>weakest part: {html.escape(w.metric)}"
-                            f"{html.escape(f' ({on})' if on else '')} = "
-                            f"{html.escape(format_ci(w.measured, w.ci, w.n, w.unit, w.confidence))} against the bar "
+                decided += (f"<br><small>weakest part: {html.escape(metric_where(w))} = "
+                            f"{html.escape(verdict_number(w))} against the bar "
                             f"{html.escape(bar_with_origin(w))} (chapter {w.chapter})</small>")
         rows.append(f"<tr><td><b>{d.id}</b></td><td>{html.escape(claim.text if claim else d.claim)}</td>"
                     f"<td>{badge(d.verdict)}</td><td>{decided}</td><td>{html.escape(d.conditions or '')}</td>"

@@ -51,13 +51,12 @@ def header(name: Any) -> str:
     text = str(name)
     unit = ""
     if text.endswith("_per_s") and len(text) > 6:  # requests_per_s: a rate, not a time ("Requests per (s)")
-        words = [_WORDS.get(w.lower(), w) for w in text[:-6].replace("-", "_").split("_") if w]
-        out = " ".join(words) + " per second"
-        return out[:1].upper() + out[1:] if out[0].islower() else out
-    for suffix, u in _UNITS:
-        if text.endswith(suffix) and len(text) > len(suffix):
-            text, unit = text[: -len(suffix)], u
-            break
+        text = text[:-6] + "_per_second"
+    else:
+        for suffix, u in _UNITS:
+            if text.endswith(suffix) and len(text) > len(suffix):
+                text, unit = text[: -len(suffix)], u
+                break
     words = [_WORDS.get(w.lower(), w) for w in text.replace("-", "_").split("_") if w]
     out = " ".join(words)
     if words and words[0] not in _SYMBOLS:
@@ -124,6 +123,8 @@ def readable(df: Any):
     """A frame of strings for the eye (see the module docstring); index dropped unless it carries labels."""
     import pandas as pd
 
+    from studylib.claims import ci_level
+
     if not isinstance(df, pd.DataFrame):
         return df
     frame = df.copy()
@@ -146,7 +147,7 @@ def readable(df: Any):
     if "confidence" in frame.columns and pd.api.types.is_numeric_dtype(frame["confidence"]):
         levels = frame["confidence"].dropna().unique()
         if len(levels) == 1:
-            level = f"{100 * float(levels[0]):.4g}% CI"
+            level = f"{ci_level(float(levels[0]))} CI"
             frame = frame.drop(columns=["confidence"])
         elif len(levels) > 1:
             level = "CI"
