@@ -30,184 +30,33 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from studylib import decisions
 from studylib.errors import StudylibError
-
-HOLDS, CONDITIONAL, INCONCLUSIVE, FAILS = "holds", "holds under conditions", "inconclusive", "does not hold"
-VERDICTS = (HOLDS, CONDITIONAL, INCONCLUSIVE, FAILS)
-AT_LEAST, AT_MOST, CHECK = "at_least", "at_most", "check"
-DIRECTIONS = (AT_LEAST, AT_MOST, CHECK)
-DECISION, PART = "decision", "part"
-ROLES = (DECISION, PART)
-
-# The fewest independent units a CI may rest on: per-request metrics need 10 prompts, requests or
-# documents; whole-run metrics (throughput at saturation, a fitted exponent) need 5 repeats of the run.
-MIN_UNITS = {"prompts": 10, "requests": 10, "documents": 10, "repeats": 5}
-
-
-# The source document: its title as written, and in English (the claims below quote its body).
-SOURCE_TITLE_ZH = "大模型推理架构优化：从自回归到并行的高效设计"
-SOURCE_TITLE_EN = "Optimising inference architectures for large models: efficient design from autoregressive to parallel"
-
-
-@dataclass(frozen=True)
-class Claim:
-    id: str
-    section: str
-    quote_zh: str  # verbatim from the source document
-    text: str  # faithful English rendering
-    decides: str  # the measurement that decides it
-
-
-CLAIMS: dict[str, Claim] = {c.id: c for c in (
-    Claim("C1", "1.1",
-          "这种强时序依赖的生成机制，本质上是将语言建模为一条不可并行的因果链：模型必须完整计算当前 token 的"
-          "概率分布后，才能启动下一个 token 的预测。正因如此，它天然受限于序列长度与解码步数的线性耦合关系，"
-          "形成难以逾越的速度瓶颈。",
-          "Autoregressive decoding is a causal chain: each token waits for the previous one, so latency grows "
-          "linearly with the number of decoding steps and cannot be parallelised.",
-          "Latency vs. output length is linear (fit, R^2); time per step vs. batch size shows the step is bound "
-          "by memory traffic, not arithmetic, at small batch."),
-    Claim("C2", "1.2",
-          "计算资源消耗大，也不单体现为GPU卡数的堆叠，更折射出推理路径中大量重复访存、低效激活与未被释放的中间状态。",
-          "Inference cost is dominated by memory traffic and held state (\"repeated memory access, inefficient "
-          "activations, unreleased intermediate states\"), not only by parameter count.",
-          "Measured bytes moved per token (weights + KV cache) vs. the machine's bandwidth; KV-cache memory vs. "
-          "context length and batch; achieved fraction of the bandwidth/compute roofline."),
-    Claim("C3", "2.1",
-          "一次前向传播中并行预测多个候选 token，再通过轻量级验证机制筛选最优路径。……它不牺牲语义连贯性，"
-          "却悄然重写了响应的时间契约。",
-          "Parallel decoding predicts several candidate tokens in one forward pass and verifies them with a "
-          "light check, without losing coherence.",
-          "Lossless methods give token-identical greedy output and an unchanged sampling distribution; tokens "
-          "per target forward pass > 1; wall-clock speedup with CI."),
-    Claim("C4", "2.2",
-          "前缀树（Trie）在此并非冷峻的数据结构术语，而是一张由历史请求织就的语义地图：它将共享前缀的请求聚类锚定，"
-          "使缓存命中率从偶然升华为必然。",
-          "A prefix tree (trie) over past requests clusters shared prefixes so that cache hits become "
-          "\"inevitable rather than accidental\".",
-          "Prefix-cache hit rate, prefill tokens saved and time-to-first-token on workloads with shared "
-          "prefixes; outputs identical with and without the cache."),
-    Claim("C5", "2.2",
-          "动态批处理则如一位经验老到的调度指挥官，在毫秒级窗口内实时聚合异构请求，既避免静态批处理的空等损耗，"
-          "又消解小批量请求的资源碎片化困境。",
-          "Dynamic batching aggregates heterogeneous requests within millisecond windows, avoiding both the "
-          "idle waits of static batching and the fragmentation of small batches.",
-          "Throughput, TTFT and TPOT (p50/p99) of sequential vs. static vs. continuous batching under Poisson "
-          "arrivals at several request rates; hardware utilisation."),
-    Claim("C6", "2.3",
-          "新型稀疏注意力、滑动窗口注意力与记忆增强注意力，则赋予模型“选择看什么”的认知主权。它们主动剪裁无关上下文，"
-          "压缩长程依赖的计算爆炸，使注意力计算复杂度脱离序列长度的平方律束缚。……当99%以上的原始生成质量得以稳稳托住",
-          "Sparse, sliding-window and memory-augmented attention prune irrelevant context and free attention "
-          "from the quadratic cost in sequence length, while keeping >99% of generation quality.",
-          "Attention time and memory vs. sequence length (fitted exponent) for dense vs. sparse kernels; "
-          "perplexity ratio and generation agreement vs. dense at long context."),
-    Claim("C7", "abstract, 1.3, 2.1, 3",
-          "实证表明，先进推理架构能在保持99%以上原始生成质量的同时，将端到端延迟降低10倍以上，吞吐量提升8–12倍。",
-          "Advanced inference architectures keep >99% of original generation quality while reducing end-to-end "
-          "latency by more than 10x and raising throughput 8-12x.",
-          "Stack the techniques on named workloads; report quality retained, latency reduction and throughput "
-          "gain against the plain autoregressive baseline, each with CI."),
-    Claim("C8", "1.3",
-          "这些方法多聚焦局部加速，缺乏对“生成质量—推理效率”这一核心矛盾的全局协同设计。",
-          "Existing methods mostly accelerate locally; the quality-efficiency trade-off needs a global, "
-          "co-designed view.",
-          "The combined chapter shows how the gains interact (speculative gains shrinking as batch grows; "
-          "prefix caching helping TTFT but not TPOT)."),
-    Claim("C9", "abstract, 1.3",
-          "通过结构优化（如并行解码、推测解码）、计算压缩与缓存机制创新，可显著突破“逐字思考”局限",
-          "Computation compression, together with structural optimisation (parallel and speculative decoding) "
-          "and cache innovation, substantially breaks the token-by-token limit.",
-          "Decode and prefill speed of compressed weights (8-bit, 4-bit) against the uncompressed reference, "
-          "bytes per token vs. the roofline, and quality retained (task metric ratio, KL divergence, top-1 "
-          "agreement, perplexity ratio)."),
-)}
-
-
-@dataclass
-class Verdict:
-    """One row of the verdict table.
-
-    ``role`` is "decision" for the one row per claim and chapter that decides it, "part" for the rows
-    that the decision was taken from (C6: cost and quality; C7: quality, latency, throughput; C3: the
-    exactness checks and the speed-up). ``n`` counts the independent units behind the CI (prompts,
-    requests, documents or whole-run repeats, named by ``unit``); it is None for rows without a CI.
-    ``threshold`` is the numeric bar (None for checks) and ``direction`` says which side of it the
-    claim needs: "at_least", "at_most" or "check" (all-or-nothing).
-    """
-
-    id: str
-    claim: str
-    metric: str
-    measured: float | str | None
-    ci: tuple[float, float] | None
-    claimed: str
-    verdict: str
-    conditions: str
-    chapter: int
-    n: int | None = None
-    threshold: float | None = None
-    direction: str = "check"
-    role: str = "decision"
-    unit: str | None = None
-    # A row that cannot fail (an arm whose weights and arithmetic equal the reference's, AR against AR,
-    # a hit ratio against an optimum the pool cannot miss) is shown, marked, and never decides.
-    by_construction: bool = False
-    # The CI's confidence level: 0.95, or 1 - 0.05/k when k configurations were tried for one decision
-    # (Bonferroni, the conservative end of Holm's procedure); ``tried`` is that k.
-    confidence: float = 0.95
-    tried: int | None = None
-    # The commit where the row's declaration (notebooks/params/decisions.yaml) last changed, and
-    # whether the result came before it (then it is exploratory and cannot read "holds").
-    registered_in: str | None = None
-    exploratory: bool = False
-    # Quality rows judged against a task: the reference's score, chance on the task, the minimum
-    # detectable change at the CI's width (``studylib.claims.power_fields``).
-    power: dict | None = None
-
-    def __post_init__(self) -> None:
-        if self.id not in CLAIMS:
-            raise ValueError(f"unknown claim id {self.id!r}; the study's claims are {list(CLAIMS)}")
-        if self.verdict not in VERDICTS:
-            raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
-        if self.direction not in DIRECTIONS:
-            raise ValueError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
-        if self.role not in ROLES:
-            raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
-        if self.ci is not None:
-            self.ci = (float(self.ci[0]), float(self.ci[1]))
-            if math.isnan(self.ci[0]) or math.isnan(self.ci[1]):
-                self.ci = None
-        if self.n is not None:
-            self.n = int(self.n)
-        if self.threshold is not None:
-            self.threshold = float(self.threshold)
-        if not self.claim:
-            self.claim = CLAIMS[self.id].text
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["ci"] = list(self.ci) if self.ci is not None else None
-        if isinstance(d["measured"], float) and not math.isfinite(d["measured"]):
-            d["measured"] = None
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Verdict:
-        ci = d.get("ci")
-        return cls(id=d["id"], claim=d.get("claim", ""), metric=d["metric"], measured=d.get("measured"),
-                   ci=tuple(ci) if ci is not None else None, claimed=d.get("claimed", ""),
-                   verdict=d["verdict"], conditions=d.get("conditions", ""), chapter=int(d["chapter"]),
-                   n=d.get("n"), threshold=d.get("threshold"), direction=d.get("direction", "check"),
-                   role=d.get("role", "decision"), unit=d.get("unit"),
-                   by_construction=bool(d.get("by_construction", False)),
-                   confidence=float(d.get("confidence", 0.95)), tried=d.get("tried"),
-                   registered_in=d.get("registered_in"), exploratory=bool(d.get("exploratory", False)),
-                   power=d.get("power"))
-
+from studylib.verdict import (  # noqa: F401  (the vocabulary, re-exported: chapters import it from here)
+    AT_LEAST,
+    AT_MOST,
+    CHECK,
+    CLAIMS,
+    CONDITIONAL,
+    DECISION,
+    DIRECTIONS,
+    FAILS,
+    HOLDS,
+    INCONCLUSIVE,
+    MIN_UNITS,
+    PART,
+    ROLES,
+    RUN_CI,
+    SOURCE_TITLE_EN,
+    SOURCE_TITLE_ZH,
+    VERDICTS,
+    Claim,
+    Verdict,
+)
 
 # ----------------------------------------------------------------------------------------- the rules
 
@@ -218,30 +67,35 @@ class Point:
     value: float
     ci: tuple[float, float] | None
     n: int | None
+    mc_error: float = 0.0
+    method: str | None = None
 
 
 def as_point(est: Any) -> Point:
     """Accept an ``Estimate``, a dict with value/ci_low/ci_high/n, a (value, low, high[, n]) tuple or a
     number (a bare number has no CI and so can never clear a bar)."""
     if hasattr(est, "value") and hasattr(est, "ci_low"):
-        return _point(est.value, est.ci_low, est.ci_high, getattr(est, "n", None))
+        return _point(est.value, est.ci_low, est.ci_high, getattr(est, "n", None), getattr(est, "mc_error", 0.0),
+                      getattr(est, "method", None))
     if isinstance(est, Mapping):
         if "ci_low" in est:
-            return _point(est["value"], est["ci_low"], est["ci_high"], est.get("n"))
+            return _point(est["value"], est["ci_low"], est["ci_high"], est.get("n"), est.get("mc_error", 0.0),
+                          est.get("method"))
         return _point(est["value"], None, None, est.get("n"))
     if isinstance(est, Sequence) and not isinstance(est, str) and len(est) in (3, 4):
         return _point(est[0], est[1], est[2], est[3] if len(est) == 4 else None)
     return _point(est, None, None, None)
 
 
-def _point(value, lo, hi, n) -> Point:
+def _point(value, lo, hi, n, mc_error=0.0, method=None) -> Point:
     value = float("nan") if value is None else float(value)
     ci = None
     if lo is not None and hi is not None:
         lo, hi = float(lo), float(hi)
         if not (math.isnan(lo) or math.isnan(hi)):
             ci = (lo, hi)
-    return Point(value, ci, None if n is None else int(n))
+    mc = float(mc_error) if mc_error is not None and not math.isnan(float(mc_error)) else 0.0
+    return Point(value, ci, None if n is None else int(n), mc, method)
 
 
 def _fmt(x: float) -> str:
@@ -264,12 +118,18 @@ CLEARS, MISSES, STRADDLES, UNDERSAMPLED = "clears", "misses", "straddles", "too 
 
 
 def condition_state(p: Point, threshold: float, direction: str, min_n: int) -> str:
+    """Where ``p``'s CI lies against the bar. A bound within the CI's Monte Carlo error of the bar (or
+    on it) touches the bar: another resampling seed could put it on either side, so it neither clears
+    nor misses."""
     if p.ci is None or p.n is None or p.n < min_n or math.isnan(p.value):
         return UNDERSAMPLED
     lo, hi = p.ci
+    err = max(p.mc_error, 0.0)
     if direction == AT_LEAST:
-        return CLEARS if lo >= threshold else (MISSES if hi < threshold else STRADDLES)
-    return CLEARS if hi <= threshold else (MISSES if lo > threshold else STRADDLES)
+        return CLEARS if lo - err > threshold or (err == 0 and lo >= threshold) else (
+            MISSES if hi + err < threshold else STRADDLES)
+    return CLEARS if hi + err < threshold or (err == 0 and hi <= threshold) else (
+        MISSES if lo - err > threshold else STRADDLES)
 
 
 def verdict_from_states(states: Sequence[str]) -> str:
@@ -310,6 +170,11 @@ def _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, cha
     if not points:
         raise ValueError("judge needs at least one estimate")
     states = {k: condition_state(p, threshold, direction, need) for k, p in points.items()}
+    # whole runs are counted only from a CI over whole runs: replays in one process are not repeats
+    not_runs = [k for k, p in points.items() if unit == "repeats" and p.ci is not None
+                and not (p.method or "").startswith(RUN_CI)]
+    for k in not_runs:
+        states[k] = UNDERSAMPLED
     verdict = verdict_from_states(list(states.values()))
     sign = 1 if direction == AT_LEAST else -1
 
@@ -323,7 +188,7 @@ def _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, cha
     p = points[shown]
     notes = []
     if single:
-        if states[""] != CLEARS:
+        if states[""] != CLEARS and "" not in not_runs:
             notes.append(_state_note(states[""], p, word, threshold, need, unit, confidence))
     else:
         notes.append(f"shown: {shown}")
@@ -333,19 +198,32 @@ def _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, cha
         if verdict == CONDITIONAL:
             notes.append(f"clears the bar on {', '.join(clear)}; not on "
                          f"{', '.join(k for k in points if k not in clear)}")
-        under = [k for k in points if states[k] == UNDERSAMPLED]
+        under = [k for k in points if states[k] == UNDERSAMPLED and k not in not_runs]
         if under:
             notes.append(f"fewer than {need} {unit} or no CI on {', '.join(under)}")
-    if power is not None and not power.get("has_power", True) and verdict != FAILS:
+    if not_runs:
+        notes.append("the CI is not over whole runs (fresh processes), so it counts no repeats"
+                     + (f" on {', '.join(not_runs)}" if not single else ""))
+    if power is not None and not power.get("has_power", True) and verdict not in (FAILS, HOLDS) \
+            and states.get(shown) != CLEARS:
+        # The power rule is for a CI that does not clear the bar: one that clears it has seen enough.
         # The CI is too wide to see the change the bar is about: no verdict either way but "no power".
         verdict = INCONCLUSIVE
         notes.append(f"inconclusive: no power (minimum detectable change {_fmt(power['mdc'])} > "
                      f"{_fmt(abs(1 - threshold))}; about {power.get('n_needed')} {unit} would decide it)")
     if confidence != 0.95:
         notes.append(f"{confidence:.2%} CI: {tried or '?'} configurations tried, Bonferroni-corrected")
+    near = [k or "the estimate" for k in points if points[k].ci is not None and points[k].mc_error > 0
+            and min(abs(points[k].ci[0] - threshold), abs(points[k].ci[1] - threshold)) <= points[k].mc_error]
+    if near:
+        notes.append(f"a CI bound lies within its Monte Carlo error of the bar on {', '.join(near)}, so it "
+                     "neither clears nor misses it there")
+    if p.method and p.method.startswith(RUN_CI) and p.n is not None:
+        notes.append(f"CI over {p.n} whole runs: {p.method}, exact if the log run medians are normal")
     return Verdict(claim_id, "", metric, p.value, p.ci, claimed, verdict, _join(conditions, *notes), chapter,
                    n=p.n, threshold=threshold, direction=direction, role=role, unit=unit,
-                   by_construction=by_construction, confidence=confidence, tried=tried, power=power)
+                   by_construction=by_construction, confidence=confidence, tried=tried, power=power,
+                   ci_method=p.method, mc_error=p.mc_error if p.ci is not None else None)
 
 
 def _state_note(state: str, p: Point, word: str, threshold: float, need: int, unit: str,
@@ -567,10 +445,8 @@ def format_bar(v: Verdict) -> str:
 def bar_with_origin(v: Verdict) -> str:
     """The bar and where it comes from ("≥ 10 (the essay's number)", "≥ 2 (the study's choice)"), as the
     declarations record it; the bar alone where they do not."""
-    from studylib.decisions import bar_origin
-
     bar = format_bar(v)
-    origin = None if bar == "all checks" else bar_origin(v)
+    origin = None if bar == "all checks" else decisions.bar_origin(v)
     return f"{bar} ({origin})" if origin else bar
 
 
@@ -673,9 +549,7 @@ def load_chapter(path: str | Path) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError) as exc:
         raise StudylibError(f"cannot read {path} ({exc}); rerun that chapter with `studylib reproduce`.") from None
     data["verdicts"] = [Verdict.from_dict(v) for v in data.get("verdicts", [])]
-    from studylib.decisions import apply_registration  # here: decisions imports this module
-
-    return apply_registration(data)
+    return decisions.apply_registration(data)
 
 
 def load_verdicts(profile_dir: str | Path) -> list[Verdict]:

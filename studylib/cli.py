@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("studylib.bench.cli", "run a benchmark (ar: studylib vs HF generate vs roofline)"),
     "reproduce": ("studylib.workbook.cli", "execute the chapter notebooks and render reports"),
     "book": ("studylib.workbook.book_cli", "re-render the study's pages from a run's executed notebooks"),
+    "register": ("studylib.workbook.register_cli", "record the hashes of the code and parameters each chapter measures with"),
     "claims": ("studylib.claims_cli", "print the study's verdict table from the chapter JSON files"),
     "data": ("studylib.data_cli", "fetch and inspect data sets"),
     "train-draft": ("studylib.decoding.draft_train", "distil a small draft model from the target"),

@@ -7,7 +7,9 @@ conditions" the full list of conditions. A chapter cannot save a row that its de
 name, nor a bar, direction, unit or n other than the declared ones (``stamp``).
 
 Pre-registration is read from git: a declaration is registered in the last commit that changed its
-entry (``registered_in``). A result is *confirmatory* only if that commit is the result's own commit
+entry (``registered_in``). The code that measures is registered too (``studylib.code_registration``):
+a result whose modules, kernels or parameters differ from the chapter's registered fingerprint, or
+that predates it, is exploratory. A result is *confirmatory* only if that commit is the result's own commit
 or an ancestor of it: the declaration existed, unchanged, when the code that produced the result was
 committed. Otherwise (the declaration changed after the result, the result came from a dirty tree, or
 the result predates declarations) the decision is **exploratory** and cannot read "holds" or "holds
@@ -19,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,10 @@ from typing import Any
 
 import yaml
 
-from studylib.claims import (
+from studylib.code_registration import check_result
+from studylib.errors import StudylibError
+from studylib.git_history import UNCOMMITTED, git, is_ancestor, last_changed
+from studylib.verdict import (
     CLAIMS,
     CONDITIONAL,
     DECISION,
@@ -37,11 +41,9 @@ from studylib.claims import (
     MIN_UNITS,
     Verdict,
 )
-from studylib.errors import StudylibError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DECLARATIONS = REPO_ROOT / "notebooks" / "params" / "decisions.yaml"
-UNCOMMITTED = "uncommitted"
 
 
 BAR_SOURCES = {"essay": "the essay's number", "study": "the study's choice"}
@@ -244,19 +246,11 @@ def stamp(verdicts: Sequence[Verdict], chapter: int, path: str | Path | None = N
 
 # ------------------------------------------------------------------------------ registration from git
 
-def _git(*args: str, cwd: Path = REPO_ROOT) -> tuple[int, str]:
-    try:
-        p = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=20)
-        return p.returncode, p.stdout
-    except Exception:
-        return 1, ""
-
-
 def registrations(path: str | Path | None = None) -> dict[str, str]:
     """Per declaration key, the commit where its entry last changed; ``"uncommitted"`` when the working
     copy's entry differs from HEAD's (or the file is not committed at all)."""
     p = Path(path or DECLARATIONS).resolve()
-    head = _git("rev-parse", "HEAD", cwd=p.parent)[1].strip()
+    head = git("rev-parse", "HEAD", cwd=p.parent)[1].strip()
     return dict(_registrations(str(p), p.read_text(encoding="utf-8"), head))
 
 
@@ -277,40 +271,11 @@ def _registrations(path: str, text: str, head: str) -> tuple[tuple[str, str], ..
     # ``head`` is part of the cache key only: a new commit can change which commit registered an entry.
     p = Path(path)
     current = {k: _deciding(v.raw) for k, v in parse(text, p).items()}
-    rc, log = _git("log", "--format=%H", "--", p.name, cwd=p.parent)
-    history = [h for h in log.split() if h] if rc == 0 else []
-    versions = []  # newest first: (commit, {key: raw})
-    for h in history:
-        rc, old = _git("show", f"{h}:./{p.name}", cwd=p.parent)
-        try:
-            versions.append((h, {k: _deciding(v or {}) for k, v in (yaml.safe_load(old) or {}).items()}
-                                 if rc == 0 else {}))
-        except yaml.YAMLError:
-            versions.append((h, {}))
-    out = {}
-    for key, raw in current.items():
-        if not versions or versions[0][1].get(key) != raw:
-            out[key] = UNCOMMITTED
-            continue
-        reg = versions[0][0]
-        for (_, newer), (h_old, older) in zip(versions, versions[1:], strict=False):
-            if older.get(key) != newer.get(key):
-                break
-            reg = h_old
-        out[key] = reg
-    return tuple(sorted(out.items()))
 
+    def committed(old: str) -> dict[str, Any]:
+        return {k: _deciding(v or {}) for k, v in (yaml.safe_load(old) or {}).items()}
 
-def is_ancestor(older: str, newer: str, cwd: Path = REPO_ROOT) -> bool | None:
-    """Whether commit ``older`` is ``newer`` or one of its ancestors; None when git cannot tell."""
-    if not older or not newer or older == UNCOMMITTED or newer in ("unknown", ""):
-        return False if older == UNCOMMITTED else None
-    if older == newer:
-        return True
-    rc, _ = _git("merge-base", "--is-ancestor", older, newer, cwd=cwd)
-    if rc in (0, 1):
-        return rc == 0
-    return None
+    return tuple(sorted(last_changed(p, current, committed).items()))
 
 
 def apply_registration(data: dict[str, Any], path: str | Path | None = None) -> dict[str, Any]:
@@ -330,6 +295,10 @@ def apply_registration(data: dict[str, Any], path: str | Path | None = None) -> 
     dirty = bool(prov.get("git_dirty")) or result.endswith("+dirty")
     result = result.removesuffix("+dirty")
     out = []
+    # the code registration (studylib.code_registration) is checked where the declarations file is the
+    # repository's own: a synthetic declarations file in a test has no code registered beside it
+    check_code = path is None or Path(path).resolve() == DECLARATIONS.resolve()
+    code_why = None
     for v in data["verdicts"]:
         if v.role != DECISION:
             out.append(v)
@@ -352,6 +321,10 @@ def apply_registration(data: dict[str, Any], path: str | Path | None = None) -> 
             if anc is False:
                 why = (f"its declaration changed in commit {reg[:12]}, after the result's commit {result[:12]}; "
                        "rerun the chapter")
+        if not why and check_code:
+            if code_why is None:
+                code_why = check_result(data)
+            why = code_why
         if why:
             v = dataclasses.replace(exploratory(v, why), registered_in=reg)
         out.append(v)

@@ -364,6 +364,15 @@ def _doc_runs(arms, n_docs=10, words=400, acc=0.4, seed=3):
     return pd.DataFrame(rows)
 
 
+def _c6_runs(speedups, n=5):
+    """Whole runs whose per-run decode speed-ups over dense are ``speedups`` (pattern -> x), 1% noise."""
+    from studylib.bench.whole_runs import WholeRuns
+
+    rng = np.random.default_rng(2)
+    return WholeRuns("synthetic:run", {}, [{"metrics": {f"speedup:{p}": v * (1 + 0.01 * rng.standard_normal())
+                                                        for p, v in speedups.items()}} for _ in range(n)])
+
+
 def test_judge_c6_decides_on_one_frozen_configuration_with_both_parts():
     from studylib.claims import CONDITIONAL, FAILS, INCONCLUSIVE
     from studylib.decisions import declared, stamp
@@ -376,21 +385,30 @@ def test_judge_c6_decides_on_one_frozen_configuration_with_both_parts():
     conf, k = ch06.c6_confidence()
     assert k == 3 and conf == pytest.approx(1 - 0.05 / 3)
     # sinks is fast but loses 20% of the words, quest:1024 is fast and loses nothing: holds under conditions
-    docs = _doc_runs({sinks: (1.5, 0.2), q1: (1.6, 0.0), q2: (0.9, 0.0)})
-    rows = ch06.judge_c6(ch06.document_summary(docs, conf), "synthetic", 8176)
+    arms = {sinks: (1.5, 0.2), q1: (1.6, 0.0), q2: (0.9, 0.0)}
+    docs = _doc_runs(arms)
+    runs = _c6_runs({p: v[0] for p, v in arms.items()})
+    rows = ch06.judge_c6(ch06.document_summary(docs, conf), "synthetic", 8176, runs=runs)
     assert rows[0].role == "decision" and rows[0].verdict == CONDITIONAL and not rows[0].exploratory
     assert f"holds for: {q1}" in rows[0].conditions and f"{sinks} (does not hold)" in rows[0].conditions
-    assert {r.unit for r in rows[1:] if r.unit} == {"documents"} and all(r.tried in (None, 3) for r in rows)
+    assert {r.unit for r in rows[1:] if r.unit} == {"documents", "repeats"} and all(r.tried in (None, 3) for r in rows)
+    speed = [r for r in rows if r.metric.startswith("decode speed-up")]
+    assert all(r.unit == "repeats" and r.n == 5 and r.confidence == pytest.approx(conf) for r in speed)
+    assert all("shown, not deciding" in r.conditions for r in speed)
+    # without whole runs the documents' own timings count no repeats: nothing holds on them
+    assert ch06.judge_c6(ch06.document_summary(docs, conf), "s", 8176)[0].verdict == INCONCLUSIVE
     assert "3 configurations" in rows[0].conditions
     assert len(stamp(rows, 6)) == len(rows)  # judged exactly as declared
     # quality alone (no faster configuration) is not the claim
     slow = _doc_runs({q1: (0.8, 0.0)})
-    assert ch06.judge_c6(ch06.document_summary(slow, conf), "s", 8176)[0].verdict == FAILS
+    assert ch06.judge_c6(ch06.document_summary(slow, conf), "s", 8176, runs=_c6_runs({q1: 0.8}))[0].verdict == FAILS
     # too few documents, or too few words to see a 1% change: nothing is decided
     few = _doc_runs({q1: (1.6, 0.0)}, n_docs=4)
-    assert ch06.judge_c6(ch06.document_summary(few, conf), "s", 8176)[0].verdict == INCONCLUSIVE
+    fast = _c6_runs({q1: 1.6})
+    assert ch06.judge_c6(ch06.document_summary(few, conf), "s", 8176, runs=fast)[0].verdict == INCONCLUSIVE
     thin = _doc_runs({q1: (1.6, 0.01)}, words=30)
-    qual = [r for r in ch06.judge_c6(ch06.document_summary(thin, conf), "s", 8176) if "next-word" in r.metric][0]
+    qual = [r for r in ch06.judge_c6(ch06.document_summary(thin, conf), "s", 8176, runs=fast)
+            if "next-word" in r.metric][0]
     assert qual.verdict == INCONCLUSIVE and "no power" in qual.conditions and qual.power["n_needed"] > 10
     # a configuration that was not declared makes the decision exploratory
     other = _doc_runs({"quest:budget=512": (1.6, 0.0)})

@@ -65,20 +65,32 @@ def share_with(value, n=12, spread=0.05):
             "estimate": Estimate(value, value - spread, value + spread, n, [])}
 
 
-@pytest.mark.parametrize("r2,share,expected", [(0.999, 0.8, HOLDS), (0.999, 0.2, FAILS), (0.9, 0.8, FAILS)])
-def test_judge_c1_needs_both_parts(r2, share, expected):
-    rows = ch01.judge_c1(fit_with(r2), share_with(share), "synthetic")
+def runs_with(value, n=5, spread=0.03):
+    """A CI over ``n`` whole runs (t on logs) around ``value``."""
+    from studylib.bench.stats import run_estimate
+
+    return run_estimate(list(np.linspace(value - spread, value + spread, n)))
+
+
+@pytest.mark.parametrize("r2,share,expected", [(0.999, 0.8, HOLDS), (0.999, 0.2, FAILS), (0.9, 0.8, HOLDS),
+                                               (0.999, 0.52, INCONCLUSIVE)])
+def test_judge_c1_is_decided_by_the_share_over_whole_runs(r2, share, expected):
+    # the R² part is shown, never counted (a loop of equal steps is linear by construction): a poor R²
+    # does not sink C1, and a share near the bar over runs that spread reads inconclusive
+    rows = ch01.judge_c1(fit_with(r2), share_with(share), "synthetic", runs_with(share), "5 whole runs")
     assert [v.role for v in rows] == ["decision", "part", "part"]
-    assert rows[0].verdict == expected
-    assert rows[2].n == 12 and rows[2].threshold == 0.5 and rows[2].direction == "at_least"
+    assert rows[0].verdict == expected and rows[1].by_construction and not rows[2].by_construction
+    assert rows[2].n == 5 and rows[2].unit == "repeats" and rows[2].threshold == 0.5
+    assert rows[2].ci_method.startswith("t on the log") and "shown, not deciding" in rows[2].conditions
     # the bars are the declared ones: the rows pass the declaration check
     from studylib.decisions import stamp
     assert len(stamp(rows, 1)) == 3
 
 
-def test_judge_c1_on_too_few_prompts_is_inconclusive():
-    rows = ch01.judge_c1(fit_with(0.999, n=3), share_with(0.8, n=3), "synthetic")
-    assert rows[0].verdict == INCONCLUSIVE and rows[1].verdict == INCONCLUSIVE
+def test_judge_c1_without_whole_runs_cannot_decide():
+    # a CI over the prompts of one run is no CI over runs: the row counts prompts where repeats are declared
+    rows = ch01.judge_c1(fit_with(0.999), share_with(0.8, n=12), "synthetic")
+    assert rows[0].verdict == INCONCLUSIVE and rows[2].verdict == INCONCLUSIVE
 
 
 def _runs(fixed_s, gbs, prompts=12, noise=0.01, seed=0):
@@ -124,15 +136,24 @@ def _kv(measured_over=(0.0, 0.0, 0.0)):
 
 
 @pytest.mark.parametrize("fraction,intensity,expected", [
-    (Estimate(0.7, 0.6, 0.8, 10, [0.7] * 10), 0.5, HOLDS),
-    (Estimate(0.2, 0.15, 0.25, 10, [0.2] * 10), 0.5, FAILS),
-    (Estimate(0.7, 0.6, 0.8, 3, [0.6, 0.7, 0.8]), 0.5, INCONCLUSIVE),  # three prompts decide nothing
+    ([0.7, 0.72, 0.69, 0.71, 0.7], 0.5, HOLDS),
+    ([0.2, 0.22, 0.19, 0.21, 0.2], 0.5, FAILS),
+    ([0.46, 0.55, 0.48, 0.50, 0.47], 0.5, INCONCLUSIVE),  # runs that straddle the bar (issue 43's five runs)
+    ([0.7, 0.72, 0.69], 0.5, INCONCLUSIVE),  # three runs decide nothing
+    ([0.7, 0.72, 0.69, 0.71, 0.7], 5.0, HOLDS),  # the intensity is analytic: shown, never counted
 ])
-def test_judge_c2(fraction, intensity, expected):
+def test_judge_c2_over_whole_runs(fraction, intensity, expected):
+    from studylib.bench.stats import run_estimate
+
     points = pd.DataFrame({"intensity": [intensity, 2.0]})
-    row = pd.Series({"engine": "gguf", "estimate": fraction})
-    rows = ch01.judge_c2(row, points, {"ridge_flop_per_byte": 3.0}, _kv(), "synthetic")
-    assert rows[0].verdict == expected and rows[2].measured == fraction.value and "gguf" in rows[2].metric
+    prompt_level = Estimate(0.7, 0.69, 0.71, 10, [0.7] * 10)
+    row = pd.Series({"engine": "gguf", "estimate": prompt_level})
+    runs = run_estimate(fraction)
+    rows = ch01.judge_c2(row, points, {"ridge_flop_per_byte": 3.0}, _kv(), "synthetic", runs, "runs", "gguf")
+    assert rows[0].verdict == expected and rows[2].measured == pytest.approx(runs.value) and "gguf" in rows[2].metric
+    assert rows[1].by_construction and rows[3].by_construction and rows[2].unit == "repeats"
+    from studylib.decisions import stamp
+    assert len(stamp(rows, 1)) == 4
 
 
 def test_kv_check_keeps_every_row_and_fails_on_one_that_is_off():
@@ -143,10 +164,12 @@ def test_kv_check_keeps_every_row_and_fails_on_one_that_is_off():
 
 
 def test_judge_c2_does_not_hold_when_nothing_points_at_memory():
+    from studylib.bench.stats import run_estimate
+
     fraction = Estimate(0.1, 0.05, 0.15, 10, [0.1] * 10)
     row = pd.Series({"engine": "gguf", "estimate": fraction})
     rows = ch01.judge_c2(row, pd.DataFrame({"intensity": [8.0]}), {"ridge_flop_per_byte": 3.0}, _kv((0, 0, 0.5)),
-                         "synth")
+                         "synth", run_estimate([0.1, 0.11, 0.09, 0.1, 0.1]), "runs", "gguf")
     assert rows[0].verdict == FAILS and all(v.verdict == FAILS for v in rows[1:])
 
 

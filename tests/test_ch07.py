@@ -192,13 +192,26 @@ def test_quality_verdict_fails_below_99_percent():
 
 def test_throughput_verdict_and_the_range_note():
     tsum = pd.DataFrame({"policy": ["continuous + radix"], "gain": [20.0], "gain_low": [18.0], "gain_high": [22.0],
-                         "repeats": [5]})
+                         "repeats": [5], "method": ["t on the log of the per-run medians (4 df)"]})
     v = report.judge_throughput(tsum, "c")
     assert v.verdict == HOLDS and "above the claimed" in v.conditions and v.n == 5
+    # the same numbers from replays in one process count no repeats
+    replays = tsum.assign(method=["BCa bootstrap, 10,000 resamples"])
+    assert report.judge_throughput(replays, "c").verdict == INCONCLUSIVE
     tsum["gain"], tsum["gain_low"], tsum["gain_high"] = 3.0, 2.5, 3.5
     assert report.judge_throughput(tsum, "c").verdict == FAILS
     tsum["repeats"] = 2
     assert report.judge_throughput(tsum, "c").verdict == INCONCLUSIVE
+
+
+def test_a_stack_that_is_ar_itself_is_not_counted_for_quality():
+    from studylib import decisions
+
+    st = stacks_frame([1.0], [1.0], [1.0], quality=1.0).assign(stack=cc.BASELINE)
+    q = report.judge_quality(st, "c")
+    assert q.by_construction and "AR itself" in q.metric
+    assert len(decisions.stamp([q], 7)) == 1
+    assert not report.judge_quality(stacks_frame([1.6], [1.0], [3.9]), "c").by_construction
 
 
 def test_c7_is_one_decision_a_lossless_stack_cannot_carry():
@@ -270,7 +283,9 @@ def test_prefix_check_is_an_equivalence_test_on_tpot():
     checks = report.c8_checks(*c8_inputs(tpot=(1.8, 1.7, 1.9)))
     assert "also shortened TPOT" in report.checks_text(checks)
     assert row(c8_rows(tpot=(1.0, 0.98, 1.02)), report.C8_PREFIX).verdict == HOLDS
-    assert row(c8_rows(tpot=(1.0, 0.9, 1.1)), report.C8_PREFIX).verdict == FAILS  # CI leaves the band
+    # a CI across the band's edge is neither equivalent nor different: inconclusive, not "does not hold"
+    assert row(c8_rows(tpot=(1.0, 0.9, 1.1)), report.C8_PREFIX).verdict == INCONCLUSIVE
+    assert row(c8_rows(tpot=(0.8, 0.7, 0.9)), report.C8_PREFIX).verdict == FAILS  # wholly outside the band
 
 
 def test_stacking_check_is_one_sided():
@@ -283,6 +298,11 @@ def test_stacking_check_is_one_sided():
 def test_sparse_check_reads_the_per_prompt_growth():
     assert row(c8_rows(growth=1.8), report.C8_SPARSE).verdict == HOLDS
     assert row(c8_rows(growth=1.0), report.C8_SPARSE).verdict == FAILS
+    # a loss that shrinks (0.45x -> 0.81x) grows, but is no gain at the long context
+    spec, prefix, sparse, inter = c8_inputs(growth=1.8)
+    sparse["speedup"] = sparse["speedup"] / 2
+    shrinking_loss = report.judge_c8(report.c8_checks(spec, prefix, sparse, inter), "c")
+    assert row(shrinking_loss, report.C8_SPARSE).verdict == FAILS
     g = sys7.sparse_growth(c8_inputs(growth=1.8)[2])
     assert g["n"] == 10 and g["ci_low"] > 1 and (g["shortest"], g["longest"]) == (256, 2048)
 

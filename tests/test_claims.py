@@ -35,8 +35,13 @@ from studylib.claims import (
 )
 
 
-def est(value, lo, hi, n=12):
-    return Estimate(value, lo, hi, n, [value] * n)
+def est(value, lo, hi, n=12, method=None):
+    return Estimate(value, lo, hi, n, [value] * n, method=method or "BCa bootstrap, 10,000 resamples")
+
+
+def runs(value, lo, hi, n=5):
+    """A CI over ``n`` whole runs (the only CI that counts repeats)."""
+    return est(value, lo, hi, n, method="t on the log of the per-run medians (4 df)")
 
 
 def test_registry_has_c1_to_c9_with_chinese_quotes():
@@ -77,10 +82,10 @@ def test_conditions_give_all_four_verdicts():
 
 
 def test_at_most_mirrors_at_least():
-    assert judge_at_most("C6", "exponent", est(1.05, 1.0, 1.1, 5), 1.2, "<2", "", 6, unit="repeats").verdict == HOLDS
-    assert judge_at_most("C6", "exponent", est(1.15, 1.0, 1.3, 5), 1.2, "", "", 6, unit="repeats").verdict \
+    assert judge_at_most("C6", "exponent", runs(1.05, 1.0, 1.1, 5), 1.2, "<2", "", 6, unit="repeats").verdict == HOLDS
+    assert judge_at_most("C6", "exponent", runs(1.15, 1.0, 1.3, 5), 1.2, "", "", 6, unit="repeats").verdict \
         == INCONCLUSIVE
-    assert judge_at_most("C6", "exponent", est(1.9, 1.8, 2.0, 5), 1.2, "", "", 6, unit="repeats").verdict == FAILS
+    assert judge_at_most("C6", "exponent", runs(1.9, 1.8, 2.0, 5), 1.2, "", "", 6, unit="repeats").verdict == FAILS
     v = judge_at_most("C6", "ppl ratio", {"sinks": est(1.002, 0.999, 1.005), "window": est(2.0, 1.9, 2.1)},
                       1.01, "", "", 6, unit="documents")
     assert v.verdict == CONDITIONAL and v.direction == "at_most" and v.measured == 1.002
@@ -90,13 +95,14 @@ def test_at_most_mirrors_at_least():
 def test_too_few_units_never_decide(unit):
     need = MIN_UNITS[unit]
     assert need >= (5 if unit == "repeats" else 10)
-    clear = est(5.0, 4.0, 6.0, n=need)
+    make = runs if unit == "repeats" else est
+    clear = make(5.0, 4.0, 6.0, n=need)
     assert judge_at_least("C5", "gain", clear, 1.0, "", "", 5, unit=unit).verdict == HOLDS
-    few = est(5.0, 4.0, 6.0, n=need - 1)
+    few = make(5.0, 4.0, 6.0, n=need - 1)
     v = judge_at_least("C5", "gain", few, 1.0, "", "", 5, unit=unit)
     assert v.verdict == INCONCLUSIVE and f"at least {need} {unit}" in v.conditions and v.n == need - 1
     # an undersampled miss cannot say "does not hold" either
-    assert judge_at_least("C5", "gain", est(0.5, 0.4, 0.6, n=need - 1), 1.0, "", "", 5, unit=unit).verdict \
+    assert judge_at_least("C5", "gain", make(0.5, 0.4, 0.6, n=need - 1), 1.0, "", "", 5, unit=unit).verdict \
         == INCONCLUSIVE
     # and an undersampled condition beside a clearing one leaves the claim "under conditions"
     both = {"big": clear, "small": few}
@@ -202,7 +208,7 @@ def test_verdict_validates_and_roundtrips():
 
 def test_tables_render(tmp_path):
     vs = [judge_at_least("C1", "R^2", est(0.999, 0.998, 0.9995), 0.99, ">=0.99", "cpu", 1),
-          judge_at_most("C6", "exponent", est(1.9, 1.8, 2.0, 5), 1.2, "<2", "", 6, unit="repeats")]
+          judge_at_most("C6", "exponent", runs(1.9, 1.8, 2.0, 5), 1.2, "<2", "", 6, unit="repeats")]
     html = verdict_table(vs).to_html()
     assert "verdict-table" in html and "does not hold" in html and "#f8d4d4" in html
     assert list(verdict_frame(vs)["verdict"]) == [HOLDS, FAILS]
@@ -289,3 +295,29 @@ def test_a_row_over_several_conditions_says_which_one_its_number_is():
     one = judge_at_least("C3", "speed-up", {"chat": est(0.3, 0.26, 0.37)}, 1.0, "", "c", 2)
     assert shown_condition(one) == "on chat, the only condition"  # chapter 2's T=1 row read "the best condition"
     assert shown_condition(judge_at_least("C3", "speed-up", est(1.3, 1.2, 1.4), 1.0, "", "c", 2)) == ""
+
+
+def test_repeats_count_only_from_a_ci_over_whole_runs():
+    # five replays inside one process are not five runs of the machine: their CI counts no repeats
+    replays = est(5.0, 4.0, 6.0, n=5)
+    row = judge_at_least("C5", "gain", replays, 1.0, "", "", 5, unit="repeats")
+    assert row.verdict == INCONCLUSIVE and "not over whole runs" in row.conditions
+    assert judge_at_least("C5", "gain", runs(5.0, 4.0, 6.0), 1.0, "", "", 5, unit="repeats").verdict == HOLDS
+
+
+def test_a_bound_within_its_monte_carlo_error_of_the_bar_neither_clears_nor_misses():
+    near = Estimate(1.05, 1.0004, 1.1, 12, [1.0] * 12, mc_error=0.001)
+    row = judge_at_least("C3", "speed-up", near, 1.0, "", "", 3)
+    assert row.verdict == INCONCLUSIVE and "Monte Carlo error" in row.conditions and row.mc_error == 0.001
+    far = Estimate(1.05, 1.01, 1.1, 12, [1.0] * 12, mc_error=0.001)
+    assert judge_at_least("C3", "speed-up", far, 1.0, "", "", 3).verdict == HOLDS
+    under = Estimate(0.95, 0.9, 0.9995, 12, [1.0] * 12, mc_error=0.001)
+    assert judge_at_least("C3", "speed-up", under, 1.0, "", "", 3).verdict == INCONCLUSIVE
+
+
+def test_the_power_rule_never_overrides_a_ci_that_clears_the_bar():
+    power = {"has_power": False, "mdc": 0.02, "n_needed": 40}
+    clears = judge_at_least("C6", "ratio", est(0.999, 0.995, 1.0), 0.99, "", "", 6, unit="documents", power=power)
+    assert clears.verdict == HOLDS
+    straddles = judge_at_least("C6", "ratio", est(0.99, 0.98, 1.0), 0.99, "", "", 6, unit="documents", power=power)
+    assert straddles.verdict == INCONCLUSIVE and "no power" in straddles.conditions

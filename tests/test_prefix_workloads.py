@@ -97,14 +97,23 @@ def _summary(identical=(True, True), control_requests=12):
          "TTFT speedup": 1.0, "TTFT speedup CI": (0.95, 1.05)}])
 
 
-def _curve(small_ratio, ci=(0.97, 1.0), n=12):
-    """A pool curve as ``pool_curve`` makes it: one pool below the working set, two at or above it."""
+def _curve(small_ratio, ci=(0.97, 1.0), n=12, binds=True):
+    """A pool curve as ``pool_curve`` makes it: one pool below the working set (where eviction costs hits
+    unless ``binds`` is False), two at or above it. Per request, Belady hits 80 tokens below the working
+    set and LRU about ``small_ratio`` of that (``ci`` is kept for the table; the rule recomputes it)."""
+    import numpy as np
     import pandas as pd
 
+    rng = np.random.default_rng(0)
     rows = []
     for wl, shares in (("multi_turn", True), ("no_sharing", False)):
         for nb, ratio in ((50, small_ratio), (100, 1.0), (125, 1.0)):
             opt = 1000 if shares else 0
+            below = nb < 100 and shares and binds
+            bel = [80.0] * n if below else [opt / max(n, 1)] * n
+            lru = [b * ratio * (1 + 0.02 * rng.standard_normal()) if below else b for b in bel]
+            if below and ratio >= 1:
+                lru = list(bel)
             rows.append({"workload": wl, "shares prefixes": shares, "pool blocks": nb, "working set blocks": 100,
                          "fraction of working set": nb / 100, "measured pool": nb == 125, "requests": n,
                          "hit / Belady": ratio if shares else float("nan"),
@@ -112,7 +121,8 @@ def _curve(small_ratio, ci=(0.97, 1.0), n=12):
                          else (float("nan"), float("nan")),
                          "hit / optimal": 1.0 if nb >= 100 and shares else float("nan"),
                          "Belady / optimal": 1.0 if nb >= 100 and shares else float("nan"),
-                         "hit tokens": opt, "Belady hit tokens": opt, "optimal hit tokens": opt,
+                         "hit tokens": sum(lru) if below else opt, "Belady hit tokens": sum(bel) if below else opt,
+                         "optimal hit tokens": opt, "LRU hits per request": lru, "Belady hits per request": bel,
                          "evicted blocks": 0, "Belady evicted blocks": 0})
     return pd.DataFrame(rows)
 
@@ -144,6 +154,11 @@ def test_judge_c4_is_decided_against_belady_below_the_working_set():
     full_only = _curve(0.99)
     full_only = full_only[full_only["pool blocks"] >= 100]
     assert ch04.judge_c4(_summary(), full_only, None, "c")[0].verdict == INCONCLUSIVE
+    # A pool below the working set that still holds every shared prefix (no policy loses a hit) sits at a
+    # degenerate 1 [1, 1]: it is shown with the pools that hold the working set, never counted.
+    idle = ch04.judge_c4(_summary(), _curve(1.0, binds=False), None, "c")
+    assert idle[0].verdict == INCONCLUSIVE and "no pool below the working set where eviction binds" in idle[1].conditions
+    assert any("every shared prefix" in r.metric and r.by_construction for r in idle)
 
 
 def test_pool_curve_puts_lru_beside_belady_and_the_optimum():

@@ -397,33 +397,34 @@ def test_the_batching_model_describes_chapter_2s_headline_drafter_when_it_ran(tm
     assert c8.loc[1, "speculative_gain"] == pytest.approx(1.5 / (2.0 + 5.0 * 0.52))
 
 
-def test_c5_needs_both_gains_and_c8_is_measured_per_repeat():
-    from studylib.claims import CONDITIONAL, FAILS, HOLDS, INCONCLUSIVE
+def test_c5_needs_both_gains_over_whole_runs():
+    from studylib.bench.whole_runs import WholeRuns
+    from studylib.claims import FAILS, HOLDS, INCONCLUSIVE
     from studylib.experiments import ch05_batching as ch05
-    from studylib.experiments import ch05_interplay as inter
+    from studylib.experiments import ch05_runs as runs5
 
-    def runs(repeats, seq, static, cont, radix_ttft=0.5, radix_tpot=1.0):
+    def runs(n, seq, static, cont):
         rng = np.random.default_rng(0)
-        rows = []
-        for k in range(repeats):
-            for arm, t in (("sequential", seq), ("static", static), ("continuous", cont), ("continuous+radix", cont)):
-                j = 1 + 0.01 * rng.standard_normal()
-                rows.append({"arm": arm, "rate": math.inf, "repeat": k, "throughput_tok_s": t * j,
-                             "ttft_p50_s": (radix_ttft if arm.endswith("radix") else 1.0) * j,
-                             "tpot_p50_s": (radix_tpot if arm.endswith("radix") else 1.0) * j})
-        return pd.DataFrame(rows)
+        out = []
+        for _ in range(n):
+            t = {a: v * (1 + 0.01 * rng.standard_normal()) for a, v in
+                 (("sequential", seq), ("static", static), ("continuous", cont), ("continuous+radix", cont))}
+            m = {f"gain:{a}/{b}": t[a] / t[b] for a in ("continuous", "continuous+radix") for b in t if b != a}
+            out.append({"metrics": m})
+        return WholeRuns("synthetic:run", {}, out)
 
-    good = runs(5, 10.0, 20.0, 40.0)
-    rows = ch05.judge_c5(ch05.saturation_gains(good), None, "c")
-    assert rows[0].verdict == HOLDS and [r.n for r in rows[1:]] == [5, 5]
+    rows = ch05.judge_c5(runs5.gains_over_runs(runs(5, 10.0, 20.0, 40.0)), None, "c")
+    assert rows[0].verdict == HOLDS and [r.n for r in rows[1:]] == [5, 5] and rows[1].unit == "repeats"
     slow = runs(5, 10.0, 60.0, 40.0)  # continuous loses to static
-    assert ch05.judge_c5(ch05.saturation_gains(slow), None, "c")[0].verdict == FAILS
-    assert ch05.judge_c5(ch05.saturation_gains(runs(2, 10.0, 20.0, 40.0)), None, "c")[0].verdict == INCONCLUSIVE
-    c8 = inter.judge_c8(good, "c")
-    # TTFT halves, TPOT unchanged: "helps TTFT, not TPOT" holds; "also shortens TPOT" does not
-    assert c8[0].verdict == CONDITIONAL and c8[1].verdict == HOLDS and c8[1].n == 5 and c8[2].verdict == FAILS
-    # the cache changes neither: both labels fail
-    assert inter.judge_c8(runs(5, 1, 1, 1, radix_ttft=1.0, radix_tpot=1.0), "c")[0].verdict == FAILS
+    assert ch05.judge_c5(runs5.gains_over_runs(slow), None, "c")[0].verdict == FAILS
+    assert ch05.judge_c5(runs5.gains_over_runs(runs(2, 10.0, 20.0, 40.0)), None, "c")[0].verdict == INCONCLUSIVE
+
+    # the same gains from replays inside one process count no repeats
+    def replays(n, seq, static, cont):
+        return pd.DataFrame([{"arm": arm, "rate": math.inf, "repeat": k, "throughput_tok_s": t}
+                             for k in range(n) for arm, t in (("sequential", seq), ("static", static),
+                                                              ("continuous", cont), ("continuous+radix", cont))])
+    assert ch05.judge_c5(ch05.saturation_gains(replays(5, 10.0, 20.0, 40.0)), None, "c")[0].verdict == INCONCLUSIVE
 
 
 # ---- cache-aware admission: the starvation bound ---------------------------------------------------

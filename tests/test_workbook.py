@@ -160,8 +160,12 @@ def test_save_chapter_and_provenance_outside_a_notebook(tmp_path, capsys):
     path = save_chapter(1, "t", [v], {"e": Estimate(1.0, 1.0, 1.0, 1, [1.0]), "a": np.arange(3),
                                       "x": np.float32(2.5), "nan": float("nan")}, tmp_path, declarations=None)
     data = json.loads(path.read_text())
-    assert data["measurements"] == {"e": {"value": 1.0, "ci_low": 1.0, "ci_high": 1.0, "n": 1, "samples": [1.0]},
+    assert data["measurements"] == {"e": {"value": 1.0, "ci_low": 1.0, "ci_high": 1.0, "n": 1, "samples": [1.0],
+                                          "confidence": 0.95, "method": "BCa bootstrap, 10,000 resamples",
+                                          "mc_error": 0.0},
                                     "a": [0, 1, 2], "x": 2.5, "nan": None}
+    # every record names the code that measured it (studylib.code_registration)
+    assert set(data["code_fingerprint"]) == {"code", "params", "files"} and data["code_fingerprint"]["params"] is None
     assert "C2" in capsys.readouterr().out
     with pytest.raises(ValueError, match="chapter"):
         save_chapter(2, "t", [v], {}, tmp_path, display=False, declarations=None)
@@ -184,7 +188,7 @@ def test_claims_cli_reads_the_reports(tmp_path, capsys):
     assert rows[0]["exploratory"] and "it read 'holds'" in rows[0]["conditions"]
     assert set(rows[0]) == {"id", "claim", "metric", "measured", "ci", "claimed", "verdict", "conditions", "chapter",
                             "n", "threshold", "direction", "role", "unit", "by_construction", "confidence", "tried",
-                            "registered_in", "exploratory", "power"}
+                            "registered_in", "exploratory", "power", "ci_method", "mc_error"}
     assert rows[0]["n"] == 10 and rows[0]["threshold"] == 0.99 and rows[0]["direction"] == "at_least"
     assert main(["claims", "--dir", str(tmp_path / "nothing")]) == 2  # no chNN.json there: one-line error
 

@@ -132,7 +132,8 @@ def bytes_share(runs: pd.DataFrame, at: str = "gguf", engines: Sequence[str] = F
     n = len(steps)
     boots = np.array([share(steps.iloc[rng.integers(0, n, n)])[0] for _ in range(n_boot)]) if n >= 2 else np.array([])
     lo, hi = (np.percentile(boots, [2.5, 97.5]) if boots.size else (float("nan"), float("nan")))
-    return {"at": at, "engines": engines, "estimate": Estimate(float(point), float(lo), float(hi), n, []),
+    return {"at": at, "engines": engines, "estimate": Estimate(float(point), float(lo), float(hi), n, [],
+                                                               method=f"percentile bootstrap over prompts, {n_boot} refits"),
             "r2": r2, "implied_gbs": gbs}
 
 
@@ -170,3 +171,55 @@ def explain(share: dict, by_engine: pd.DataFrame, decisive: pd.Series) -> str:
             f"{e.value:.2f} (95% CI {e.ci_low:.2f}-{e.ci_high:.2f}, n = {e.n} prompts); the rest is fixed cost "
             f"per step. Per engine: {rows}. C2 is decided on the fastest engine that computes the model's own "
             f"weights: {decisive.engine}.")
+
+
+# ------------------------------------------------------------------------------ whole runs
+
+def timing_run(model: str, engines: Sequence[str], prompts: int, new_tokens: int, bandwidth_gbs: float,
+               device: str = "cpu", at: str = "gguf", **_) -> dict:
+    """Chapter 1's timing section as one whole run (``studylib.bench.whole_runs``): in a fresh process,
+    load the model and every engine, decode ``prompts`` chat prompts with each (engines rotated per
+    prompt) and return this run's numbers: the bytes share at ``at`` (the fit across the formats on one
+    engine path) and, per engine, its median tokens/s and achieved fraction of ``bandwidth_gbs`` (the
+    bandwidth this same process measured just before)."""
+    from studylib.bench.ar_bench import default_prompts
+    from studylib.models import load_model
+    from studylib.prompts import encode
+
+    base, tok = load_model(model, device, "float32")
+    models = load_engines(model, engines, device, progress=False, base=base)
+    runs = format_runs(models, [encode(tok, r) for r in default_prompts(prompts)], new_tokens, progress=False)
+    share = float(bytes_share(runs, at=at, n_boot=0)["estimate"].value)
+    out = {"bytes_share": share} if np.isfinite(share) else {}  # no fit without 3 formats on one path
+    for name, g in runs.groupby("engine", sort=False):
+        out[f"tok_s:{name}"] = float(1 / g["step_s"].median())
+        out[f"bandwidth_fraction:{name}"] = float((g["mbytes_per_step"] * 1e6 / g["step_s"] / 1e9 / bandwidth_gbs).median())
+    return out
+
+
+def fastest_faithful_over_runs(runs) -> str:
+    """The decisive engine for C2 by the declared rule, over whole runs: the faithful engine with the
+    most tokens per second (the geometric mean of its runs)."""
+    faithful = [m.removeprefix("tok_s:") for m in runs.metrics() if m.startswith("tok_s:")
+                and m.removeprefix("tok_s:") in FAITHFUL]
+    if not faithful:
+        raise ValueError("the whole runs measured no faithful engine (dense per-op, dense fused or gguf)")
+    return max(faithful, key=lambda e: runs.estimate(f"tok_s:{e}").value)
+
+
+def explain_runs(runs, engine: str) -> str:
+    """The whole runs in one sentence: how many, the bytes share and the decisive engine's fraction of
+    the bandwidth with their CIs over runs, and how far the runs spread."""
+    share, frac = runs.get("bytes_share"), runs.estimate(f"bandwidth_fraction:{engine}")
+    bws = [r["bandwidth_gbs"] for r in runs.runs]
+
+    def ci(e) -> str:
+        return f"{e.value:.3f} [{e.ci_low:.3f}, {e.ci_high:.3f}] (runs ranged {min(e.samples):.3f}-{max(e.samples):.3f})"
+
+    shared = (f"the share of a step that scales with its bytes is {ci(share)} and " if share is not None else
+              "no bytes fit was possible (fewer than 3 formats on one engine path), and ")
+    return (f"The decisions rest on {len(runs.runs)} whole runs: fresh processes, each reloading the model and "
+            f"every engine and measuring the read bandwidth again ({min(bws):.1f}-{max(bws):.1f} GB/s across "
+            f"them). Over the runs, {shared}{engine} moves {ci(frac)} of the bandwidth its run measured (95% CIs, "
+            "t on the log of the run values). A CI over the prompts of one run cannot see this spread, so it is "
+            "shown, not used.")

@@ -67,6 +67,18 @@ def explain_speed(summary: pd.DataFrame, headline: str) -> str:
     return " ".join(parts)
 
 
+def explain_runs(speed_runs: dict, headline: str) -> str:
+    """The speed-up over whole runs, per workload, in one sentence (this is what the verdict judges)."""
+    if not speed_runs:
+        return "No whole runs were taken, so the speed-up has no CI over runs."
+    n = min(e.n for e in speed_runs.values())
+    cells = "; ".join(f"{w} {e.value:.2f}x [{e.ci_low:.2f}, {e.ci_high:.2f}] (runs {min(e.samples):.2f}-{max(e.samples):.2f})"
+                      for w, e in speed_runs.items())
+    return (f"Over {n} whole runs (fresh processes, the engine reloaded each time), {_label(headline)} runs at: "
+            f"{cells}, as 95% CIs (t on the log of the run medians). The verdict judges these; the table above "
+            "gives one run's CIs over prompts, which cannot see how runs differ.")
+
+
 def plot_sweep(sweep: pd.DataFrame, value: str = "speedup") -> plt.Figure:
     """One heat map of ``value`` over (W, N) per guess-set size G; an illustration's n in the titles."""
     gs = sorted(sweep.G.unique())

@@ -335,7 +335,9 @@ def explain_gains(gains: pd.DataFrame, curve: pd.DataFrame) -> str:
 
 def c7_record(gains: pd.DataFrame, runs: pd.DataFrame, conditions: str, treated: str = "continuous+radix") -> dict:
     """What chapter 7 reads for C7's throughput row: each arm's saturation throughput gain over sequential
-    serving (paired by repeat), with its CI and n."""
+    serving, with its CI, n and how the CI was taken (``method``: over whole runs when ``gains`` comes from
+    ``ch05_runs.gains_over_runs``; an arm it lacks falls back to this process's replays, which count no
+    repeats)."""
     rows = []
     sat = runs[np.isinf(runs["rate"])]
     for arm in sat["arm"].unique():
@@ -349,5 +351,6 @@ def c7_record(gains: pd.DataFrame, runs: pd.DataFrame, conditions: str, treated:
         rows.append({"arm": arm, "throughput_tok_s": tput,
                      "gain": 1.0 if arm == "sequential" else (est.value if est else None),
                      "ci": [1.0, 1.0] if arm == "sequential" else ([est.ci_low, est.ci_high] if est else None),
-                     "repeats": int((sat["arm"] == arm).sum())})
+                     "repeats": int(est.n) if est is not None else int((sat["arm"] == arm).sum()),
+                     "method": getattr(est, "method", None)})
     return {"treated": treated, "baseline": "sequential", "conditions": conditions, "arms": rows}

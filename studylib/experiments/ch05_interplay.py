@@ -27,14 +27,8 @@ import pandas as pd
 import torch
 
 from studylib.bench.provenance import other_machine
-from studylib.bench.stats import estimate
 from studylib.claims import (
-    MIN_UNITS,
-    Verdict,
     as_point,
-    corrected_confidence,
-    decide_conditions,
-    judge_checks,
     load_chapter,
 )
 from studylib.decoding.common import Stopwatch
@@ -217,93 +211,6 @@ def ttft_not_tpot(ttft: Any, tpot: Any, delta: float = EQUIVALENCE_DELTA) -> dic
     return {"not_tpot": {f"TTFT gain CI >= {1 + delta:.2f}": bool(lo_t >= 1 + delta),
                          f"TPOT gain CI inside {band}": bool(1 - delta <= lo_p and hi_p <= 1 + delta)},
             "tpot_too": {f"TPOT gain CI > {1 + delta:.2f}": bool(lo_p > 1 + delta)}}
-
-
-def saturation_cache_gains(runs: pd.DataFrame, scheduler: str = "continuous",
-                           confidence: float | None = None) -> dict:
-    """Per saturation repeat (interleaved whole runs, one unit each): the radix cache's TTFT gain and TPOT
-    gain over the same scheduler without it (ratios of the runs' median TTFT and median TPOT), and the
-    median of each over repeats with a bootstrap CI at ``confidence`` (default: corrected for the two
-    conditions C8@5 tries, ``corrected_confidence(2)``)."""
-    confidence = corrected_confidence(2) if confidence is None else confidence
-    sat = runs[np.isinf(runs["rate"])]
-    a = sat[sat["arm"] == scheduler].set_index("repeat")
-    b = sat[sat["arm"] == f"{scheduler}+radix"].set_index("repeat")
-    both = a.index.intersection(b.index)
-    ttft = (a.loc[both, "ttft_p50_s"] / b.loc[both, "ttft_p50_s"]).to_numpy(dtype=float)
-    tpot = (a.loc[both, "tpot_p50_s"] / b.loc[both, "tpot_p50_s"]).to_numpy(dtype=float)
-    return {"ttft": estimate(ttft, confidence=confidence), "tpot": estimate(tpot, confidence=confidence),
-            "repeats": int(len(both)), "confidence": confidence, "scheduler": scheduler}
-
-
-def _gain(e) -> str:
-    return f"{e.value:.2f}x [{e.ci_low:.2f}, {e.ci_high:.2f}]"
-
-
-def judge_c8(runs: pd.DataFrame, conditions: str, scheduler: str = "continuous",
-             delta: float = EQUIVALENCE_DELTA) -> list[Verdict]:
-    """C8 from this chapter, measured only: what the radix prefix cache does to TTFT and to TPOT under
-    ``scheduler`` at saturation, per interleaved repeat (the unit; ``MIN_UNITS['repeats']`` of them are
-    needed, below that both rows are inconclusive whichever way they went). Two conditions, declared
-    as C8@5, each a reading of the claim ("gains are local" or "gains interact"):
-
-    1. the cache helps TTFT, not TPOT: TTFT gain CI >= 1 + delta and TPOT gain CI inside
-       [1 - delta, 1 + delta];
-    2. the cache also shortens TPOT at saturation: TPOT gain CI > 1 + delta (an interaction with
-       batching).
-
-    The CIs are at ``corrected_confidence(2)``; ``decide_conditions`` decides over the two. The
-    speculative-vs-batch table above is a model (measured step costs x chapter 2's alpha); it is shown
-    beside this, labelled, and decides nothing."""
-    g = saturation_cache_gains(runs, scheduler)
-    ttft, tpot, n = g["ttft"], g["tpot"], g["repeats"]
-    rule = ttft_not_tpot(ttft, tpot, delta)
-    nums = (f"{scheduler} at saturation: TTFT gain {_gain(ttft)}, TPOT gain {_gain(tpot)}, "
-            f"{g['confidence']:.1%} CIs, n={n} repeats")
-    note = (f"{conditions}; delta = {delta:g} (the study's choice); {g['confidence']:.1%} CIs: two conditions tried, "
-            "Bonferroni-corrected")
-    local = judge_checks("C8", f"{TTFT_NOT_TPOT} ({nums})", rule["not_tpot"],
-                         "caching helps TTFT, not TPOT: the gain is local", note, CHAPTER, measured=tpot,
-                         n=n, unit="repeats", exact=False, confidence=g["confidence"], tried=2)
-    both = judge_checks("C8", f"{TPOT_TOO} at saturation (an interaction with batching) ({nums})", rule["tpot_too"],
-                        "gains interact: the cache shortens decoding when prefill shares its steps", note, CHAPTER,
-                        measured=tpot, n=n, unit="repeats", exact=False, confidence=g["confidence"], tried=2)
-    return decide_conditions("C8", "measured interactions of the gains", [local, both],
-                             "local accelerations do not compose", conditions, CHAPTER,
-                             names=["helps TTFT, not TPOT", "shortens TPOT too (an interaction with batching)"])
-
-
-def c8_text(runs: pd.DataFrame, scheduler: str = "continuous", delta: float = EQUIVALENCE_DELTA) -> str:
-    """What the prefix cache did to TTFT and TPOT at saturation, read from the runs (true whatever the
-    numbers are): a TPOT gain above the band is reported as the interaction with batching it is."""
-    g = saturation_cache_gains(runs, scheduler)
-    ttft, tpot, n = g["ttft"], g["tpot"], g["repeats"]
-    head = (f"At saturation under {scheduler} batching, over {n} interleaved repeats, the radix prefix cache's gain "
-            f"(median without / median with the cache, per repeat) is {_gain(ttft)} on TTFT and {_gain(tpot)} on "
-            f"TPOT ({g['confidence']:.1%} CIs: two conditions tried). ")
-    band = f"[{1 - delta:.2f}, {1 + delta:.2f}]"
-    if math.isnan(ttft.ci_low) or math.isnan(tpot.ci_low):
-        return head + f"With {n} repeat(s) there is no CI, so neither reading can be decided."
-    if tpot.ci_low > 1 + delta:
-        tail = (f"The cache does not only help TTFT: it also shortens TPOT, whose whole CI lies above {1 + delta:.2f}. "
-                "That is an interaction with batching, not a local gain. The likely path: under continuous batching "
-                "prefills share forward passes with running decodes, so the prefill tokens the cache removes also "
-                "shorten the steps that decoding requests wait on. Chapter 7 measures the cache one request at a time, "
-                "where no prefill shares a step with a decode.")
-    elif 1 - delta <= tpot.ci_low and tpot.ci_high <= 1 + delta:
-        tail = (f"TPOT is unchanged within the study's equivalence band {band} (delta = {delta:g}), "
-                + (f"and the TTFT gain's whole CI lies at or above {1 + delta:.2f}: the cache's gain is local to the "
-                   "first token."
-                   if ttft.ci_low >= 1 + delta else "but the TTFT gain's CI does not clear the band either."))
-    elif tpot.ci_high < 1 - delta:
-        tail = f"TPOT got longer with the cache: its whole CI lies below {1 - delta:.2f}."
-    else:
-        tail = (f"The TPOT gain's CI crosses an edge of the equivalence band {band} (delta = {delta:g}): it neither "
-                "shows TPOT unchanged nor shows it shortened.")
-    if n < MIN_UNITS["repeats"]:
-        tail = (f"With {n} repeats (fewer than {MIN_UNITS['repeats']}) the verdict rows decide nothing; what follows "
-                f"describes these runs only. {tail}")
-    return head + tail
 
 
 def prefix_effect(curve: pd.DataFrame, scheduler: str = "continuous") -> dict | None:

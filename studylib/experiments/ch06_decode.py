@@ -430,3 +430,18 @@ def explain_needle(needle: pd.DataFrame) -> str:
     return (f"Dense attention finds the code in {int(dense.found.sum())} of {len(dense)} trials. "
             + "; ".join(parts) + ". A window or sink cache cannot see a needle beyond its reach; Quest keeps "
             "every page and reads the one the question points to.")
+
+
+def timing_run(model: str, patterns: Sequence[str], length: int, steps: int = 8, repeats: int = 3, seed: int = 0,
+               device: str = "cpu", dtype: str = "float32", **_) -> dict:
+    """Chapter 6's deciding speed-ups as one whole run (``studylib.bench.whole_runs``): in a fresh process,
+    load the model and time decode steps of dense and of each pattern over a cache of ``length`` tokens
+    (``decode_cost``: arms rotated per repeat, both on the per-op path), returning this run's speed-up of
+    each pattern (the median dense time per token over the pattern's)."""
+    from studylib.models import load_model
+
+    lm, _ = load_model(model, device, dtype)
+    dc = decode_cost(lm, [int(length)], list(patterns), repeats=repeats, steps=steps, seed=seed, progress=False)
+    dense = float(dc[dc.pattern == "dense"]["ms_per_token"].median())
+    return {f"speedup:{p}": dense / float(dc[dc.pattern == p]["ms_per_token"].median())
+            for p in patterns if p != "dense"}

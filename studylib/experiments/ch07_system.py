@@ -32,6 +32,7 @@ from studylib.decoding.common import Stopwatch
 from studylib.errors import StudylibError
 from studylib.experiments.ch05_interplay import reports_folder
 from studylib.experiments.ch07_combined import BASELINE, PREFIX, agreement, paired
+from studylib.verdict import RUN_CI
 
 AR_POLICY = "ar (one at a time)"
 POLICIES: dict[str, dict] = {
@@ -220,6 +221,26 @@ def sparse_texts(tokenizer, prompts: int, length: int, seed: int = 0) -> list[li
 @torch.inference_mode()
 def sparse_vs_context(model, spec: str, contexts: Sequence[int], steps: int = 4, seed: int = 0, prompts: int = 10,
                       tokenizer=None, progress: bool | None = None) -> pd.DataFrame:
+    """See ``_sparse_vs_context``. Both arms take the per-op step: the fused C step serves the contiguous
+    dense cache only, so a dense arm on it beside a sparse arm on the per-op path would measure two code
+    paths, not two attention patterns."""
+    import os
+
+    old = os.environ.get("STUDYLIB_DECODE_LAYERS")
+    os.environ["STUDYLIB_DECODE_LAYERS"] = "torch"
+    try:
+        df = _sparse_vs_context(model, spec, contexts, steps, seed, prompts, tokenizer, progress)
+    finally:
+        if old is None:
+            os.environ.pop("STUDYLIB_DECODE_LAYERS", None)
+        else:
+            os.environ["STUDYLIB_DECODE_LAYERS"] = old
+    df["path"] = "per-op (both arms)"
+    return df
+
+
+def _sparse_vs_context(model, spec: str, contexts: Sequence[int], steps: int = 4, seed: int = 0, prompts: int = 10,
+                       tokenizer=None, progress: bool | None = None) -> pd.DataFrame:
     """One row per (prompt, context length L): the median decode-step time of a dense cache and of
     ``spec``'s cache holding L tokens of the prompt, and their ratio (the prompt's speed-up at L).
 
@@ -292,9 +313,11 @@ def sparse_growth(per_prompt: pd.DataFrame, confidence: float = 0.95) -> dict | 
     wide = per_prompt.pivot(index="prompt", columns="context", values="speedup")[[ctx[0], ctx[-1]]].dropna()
     ratio = (wide[ctx[-1]] / wide[ctx[0]]).to_numpy(dtype=float)
     e = estimate(ratio, confidence=confidence)
+    at_longest = estimate(wide[ctx[-1]].to_numpy(dtype=float), confidence=confidence)
     return {"value": e.value, "ci_low": e.ci_low, "ci_high": e.ci_high, "n": e.n, "shortest": int(ctx[0]),
             "longest": int(ctx[-1]), "gain_shortest": float(wide[ctx[0]].median()),
-            "gain_longest": float(wide[ctx[-1]].median()), "confidence": confidence}
+            "gain_longest": float(wide[ctx[-1]].median()), "gain_longest_low": at_longest.ci_low,
+            "gain_longest_high": at_longest.ci_high, "confidence": confidence}
 
 
 def serving_from_chapter5(out_dir: str | Path) -> dict | None:
@@ -314,10 +337,14 @@ def serving_from_chapter5(out_dir: str | Path) -> dict | None:
     for a in rec["arms"]:
         ci = a.get("ci") or [None, None]
         rows.append({"policy": name.get(a["arm"], a["arm"]), "throughput_tok_s": a["throughput_tok_s"],
-                     "gain": a["gain"], "gain_low": ci[0], "gain_high": ci[1], "repeats": a["repeats"]})
+                     "gain": a["gain"], "gain_low": ci[0], "gain_high": ci[1], "repeats": a["repeats"],
+                     "method": a.get("method")})
     tsum = pd.DataFrame(rows)
     runs = pd.DataFrame(meas.get("runs") or [])
     n = int(runs["requests"].max()) if "requests" in runs else None
+    over_runs = tsum["method"].fillna("").str.startswith(RUN_CI).any()
     serving = (f"throughput measured in chapter 5 ({rec['conditions']}), baseline: the serving engine one request at a "
-               f"time; {n} requests per saturation run, {int(tsum['repeats'].max())} interleaved repeats")
+               f"time; {n} requests per saturation run, "
+               + (f"{int(tsum['repeats'].max())} whole runs (fresh processes)" if over_runs else
+                  f"{int(tsum['repeats'].max())} interleaved repeats in one process"))
     return {"tput": runs, "tsum": tsum, "serving": serving, "under_load": load}

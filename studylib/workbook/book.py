@@ -262,12 +262,32 @@ def claim_summary(decision: Verdict, parts: Sequence[Verdict]) -> str:
             + (f"<dt>Conditions</dt>{cond}" if cond else "") + "</dl>")
 
 
+def runs_line(data: Mapping[str, Any]) -> str:
+    """Where the page's machine-level numbers come from (how many whole runs, fresh processes) and what the
+    run ledger holds of this chapter's code on this CPU, in one paragraph ("" when there is neither)."""
+    from studylib import ledger
+
+    whole = (data.get("measurements") or {}).get("whole_runs")
+    n = len(whole.get("runs") or []) if isinstance(whole, Mapping) else 0
+    parts = []
+    if n:
+        parts.append(f"Every speed-up and machine-level number that decides a verdict on this page is taken over {n} "
+                     "whole runs: fresh processes that reload the model and measure the bandwidth again; the CIs "
+                     "over prompts inside one run are shown beside them, never in their place.")
+    record = {**data, "verdicts": [v.to_dict() if hasattr(v, "to_dict") else v for v in data.get("verdicts") or []]}
+    seen = ledger.summary(record)
+    if seen:
+        parts.append(seen)
+    return f"<p class='runs-line'>{html.escape(' '.join(parts))}</p>" if parts else ""
+
+
 def chapter_summary(data: Mapping[str, Any]) -> str:
     verdicts = list(data.get("verdicts") or [])
     decisions = [v for v in verdicts if v.role == DECISION]
     if not decisions:
         return ""
-    return "<div class='summary'>" + "".join(claim_summary(d, _parts_of(verdicts, d)) for d in decisions) + "</div>"
+    return ("<div class='summary'>" + "".join(claim_summary(d, _parts_of(verdicts, d)) for d in decisions)
+            + runs_line(data) + "</div>")
 
 
 def arithmetic_words(params: Mapping[str, Any]) -> str:

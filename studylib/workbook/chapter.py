@@ -69,6 +69,7 @@ def save_chapter(chapter: int, title: str, verdicts: Sequence[Verdict], measurem
     record says ``"declared": false`` and its decisions load as exploratory."""
     from studylib import decisions
     from studylib.bench import provenance
+    from studylib.code_registration import fingerprint, run_params
 
     verdicts = list(verdicts)
     for v in verdicts:
@@ -89,6 +90,9 @@ def save_chapter(chapter: int, title: str, verdicts: Sequence[Verdict], measurem
         "measurements": to_jsonable(measurements),
         "params": to_jsonable(dict(params or {})),
         "provenance": to_jsonable(provenance(**dict(params or {}))),
+        # what defines the metrics, hashed (studylib.code_registration): the runner's parameters when it
+        # ran the chapter, none when the notebook was run by hand (such a result cannot match a registration)
+        "code_fingerprint": fingerprint(int(chapter), run_params()),
     }
     path = Path(out_dir) / f"ch{int(chapter):02d}.json"
     atomic_write(path, json.dumps(record, indent=1, ensure_ascii=False, allow_nan=False))

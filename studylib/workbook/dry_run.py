@@ -140,7 +140,7 @@ def dry_run(profile: str = "cpu", chapters: Sequence[int] | None = None, overrid
     problems = [f"no chapter {c} in {nb_dir}" for c in wanted if c not in available]
     wanted = [c for c in wanted if c in available]
     overrides = dict(overrides or {})
-    known_sections = {"common", *(f"ch{c:02d}" for c in available)}
+    known_sections = {"common", "budgets", *(f"ch{c:02d}" for c in available)}
     problems += [f"{yaml_path}: section {s!r} names no chapter notebook (sections: common, ch01..)"
                  for s in cfg if s not in known_sections]
     declared_all: set[str] = set()

@@ -256,7 +256,11 @@ def run_chapter(notebook: Path, chapter: int, params: dict[str, Any], out_dir: P
         warn = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), QUIET_WARNINGS) if w)
         # The kernel's figure checks (studylib.workbook.figure_check) go beside the chapter's JSON.
         figures = {figure_check.LOG_ENV: str(stage / f"{nn}.figures.json")}
-        with _env({**QUIET_ENV, "PYTHONWARNINGS": warn, **figures}):
+        # the parameters the chapter runs with, for the code fingerprint its record carries
+        from studylib.code_registration import PARAMS_ENV
+
+        passed = {PARAMS_ENV: json.dumps(to_jsonable({k: v for k, v in params.items() if k != "out_dir"}))}
+        with _env({**QUIET_ENV, "PYTHONWARNINGS": warn, **figures, **passed}):
             pm.execute_notebook(str(notebook), str(executed), parameters=params, kernel_name=kernel_name,
                                 cwd=str(notebook.parent), progress_bar=False, log_output=False,
                                 execution_timeout=cell_timeout)
@@ -297,6 +301,28 @@ def chapter_parameters(cfg: Mapping[str, dict], chapter: int, declared: set[str]
     params.update({k: v for k, v in overrides.items() if k in declared})
     params["profile"] = profile
     return params
+
+
+REGISTERED_PROFILES = ("cpu", "gpu")  # the profiles whose results are meant to be confirmatory
+
+
+def warn_unregistered(profile: str, params: Mapping[int, Mapping[str, Any]]) -> list[str]:
+    """Say, before anything runs, which chapters' code or parameters differ from their registration
+    (``studylib.code_registration``): their decisions will be exploratory. Returns the lines printed."""
+    from studylib.code_registration import differences, fingerprint, read_registry, registered
+
+    lines = []
+    for c, p in params.items():
+        reg = registered(profile, c)
+        why = [f"no code registration for profile {profile}"] if reg is None else differences(fingerprint(c, p), reg)
+        if reg is None and profile not in read_registry() and profile not in REGISTERED_PROFILES:
+            continue  # a profile nobody registers (smoke, a user's own): its results are exploratory anyway
+        if why:
+            lines.append(f"ch{c:02d}: {'; '.join(why)}: its decisions will be exploratory (register with "
+                         f"`studylib register --profile {profile}` and commit before the run)")
+    for line in lines:
+        print(f"studylib: warning: {line}", file=sys.stderr)
+    return lines
 
 
 def read_index(out_dir: Path) -> dict[str, Any]:
@@ -349,6 +375,8 @@ def reproduce(profile: str = "cpu", chapters: Sequence[int] | None = None, out_d
     index = read_index(out)
     records: dict[str, Any] = dict(index.get("chapters", {}))
     kernel = kernel_for_this_python()
+    warn_unregistered(profile, {c: chapter_parameters(cfg, c, declared[c], overrides, profile) for c in wanted})
+    ledger_on = committed_reports(out)
     params_file = p_dir / f"{profile}.yaml"
     runs: list[ChapterRun] = []
     bar = progress_bar(wanted, desc=f"reproduce {profile}", unit="chapter", progress=progress)
@@ -365,7 +393,18 @@ def reproduce(profile: str = "cpu", chapters: Sequence[int] | None = None, out_d
         else:
             run = run_chapter(nb, c, params, out, kernel, cell_timeout, dirty=dirty)
             records[str(c)] = run.to_dict()
+            if ledger_on and run.status == OK:
+                from studylib import ledger
+
+                with contextlib.suppress(OSError, json.JSONDecodeError):
+                    ledger.append(json.loads((out / f"ch{c:02d}.json").read_text(encoding="utf-8")))
         runs.append(run)
+        budget = (cfg.get("budgets") or {}).get(f"ch{c:02d}")
+        if budget is not None and str(c) in records:
+            records[str(c)]["budget_s"] = float(budget) * 60
+            if run.status == OK and run.seconds > float(budget) * 60:
+                bar.write(f"studylib: warning: ch{c:02d} took {run.seconds / 60:.1f} min, over its budget of "
+                          f"{float(budget):g} min in {params_file.name}", file=sys.stderr)
         bar.set_postfix_str(f"ch{c:02d} {run.status} in {run.seconds:.0f} s")
         bar.write(f"ch{c:02d} {nb.stem}: {run.status} ({run.seconds:.1f} s)"
                   + (f"\n  error: {run.error}" if run.error else ""), file=sys.stderr)

@@ -1,0 +1,182 @@
+"""Chapter 5's saturation numbers over whole runs: C5's throughput gains, C7's (read from here by chapter 7)
+and C8's prefix-cache gains on TTFT and TPOT.
+
+Each whole run (``studylib.bench.whole_runs``) is a fresh process that loads the engine, builds the
+chapter's requests and serves them once per arm, all queued at t = 0, the arms in an order that rotates
+with the run. One-at-a-time serving takes a different ``1/runs`` share of the requests in each run
+(request i in run i mod runs): requests served alone do not interact, so the share's tokens over its
+time is the arm's throughput, and the runs together serve every request once (the cost of one pass).
+
+Each run gives one number per gain (the arm's throughput over the baseline's, the TTFT and TPOT medians
+without the cache over with it); the CIs are over runs (t on their logs), n = runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import pandas as pd
+
+from studylib.bench.stats import rotated
+from studylib.claims import (
+    FAILS,
+    HOLDS,
+    INCONCLUSIVE,
+    MIN_UNITS,
+    Verdict,
+    decide_parts,
+)
+from studylib.experiments.ch05_batching import CHAPTER, arm_name, chapter_workload, parse_arm, serve
+from studylib.experiments.ch05_interplay import EQUIVALENCE_DELTA, TTFT_NOT_TPOT
+from studylib.experiments.ch05_load import shared_prefix_workload
+
+TREATED = ("continuous", "continuous+radix")
+
+
+def chapter_requests(tokenizer, n: int, workload: str, system_tokens: int, n_systems: int, seed: int,
+                     max_new_tokens: int, min_new_tokens: int | None, salt: int = 0) -> list:
+    """The chapter's mix: chat requests, each behind one of ``n_systems`` shared system prompts of
+    ``system_tokens`` tokens (plain ``workload`` requests when ``system_tokens`` is 0)."""
+    if system_tokens:
+        return shared_prefix_workload(tokenizer, n, system_tokens, n_systems, seed + salt, max_new_tokens,
+                                      min_new_tokens)
+    return chapter_workload(tokenizer, n, max_new_tokens, min_new_tokens, workload, seed + salt)
+
+
+def timing_run(model: str, weights: str, act: str, n_requests: int, workload: str, system_tokens: int,
+               n_systems: int, seed: int, max_new_tokens: int, min_new_tokens: int | None, arms: Sequence[str],
+               engine: Mapping, run_index: int = 0, run_count: int = 1, device: str = "cpu", dtype: str = "float32",
+               **_) -> dict:
+    """One whole run of the saturation comparison; returns this run's throughput per arm, each treated
+    arm's gain over every other arm, and the radix cache's TTFT and TPOT gains under continuous batching."""
+    from studylib.models import load_model
+
+    lm, tok = load_model(model, device, dtype, weights=weights, act=act)
+    items = chapter_requests(tok, n_requests, workload, system_tokens, n_systems, seed, max_new_tokens, min_new_tokens)
+    parsed = [parse_arm(a) for a in arms]
+    warm = [type(i)(i.id, min(2, i.max_new_tokens), i.prompt, i.messages, i.prompt_ids) for i in items[:4]]
+    for sched, prefix in parsed:  # first use of each code path pays one-off costs that belong to no arm
+        serve(lm, tok, warm, sched, prefix, math.inf, seed, engine)
+    summaries = {}
+    for sched, prefix in rotated(parsed, run_index):
+        share = list(items[run_index % run_count::run_count]) if sched == "sequential" else list(items)
+        if not share:  # fewer requests than runs: this run's one-at-a-time share is empty
+            continue
+        _, run = serve(lm, tok, share, sched, prefix, math.inf, seed, engine)
+        summaries[arm_name(sched, prefix)] = run.summary(None)
+    out = {f"throughput:{a}": float(s["throughput_tok_s"]) for a, s in summaries.items()}
+    for t in TREATED:
+        for b in summaries:
+            if t in summaries and b != t:
+                out[f"gain:{t}/{b}"] = out[f"throughput:{t}"] / out[f"throughput:{b}"]
+    if {"continuous", "continuous+radix"} <= summaries.keys():
+        plain, cached = summaries["continuous"], summaries["continuous+radix"]
+        out["ttft_gain:continuous"] = float(plain["ttft_s"]["p50"] / cached["ttft_s"]["p50"])
+        out["tpot_gain:continuous"] = float(plain["tpot_s"]["p50"] / cached["tpot_s"]["p50"])
+    return out
+
+
+def gains_over_runs(runs) -> pd.DataFrame:
+    """Every gain the runs measured, with its CI over runs; the columns of
+    ``ch05_batching.saturation_gains`` (its ``estimate`` column is the run-level estimate)."""
+    rows = []
+    for m in runs.metrics():
+        if not m.startswith("gain:"):
+            continue
+        treated, _, baseline = m.removeprefix("gain:").partition("/")
+        est = runs.estimate(m)
+        rows.append({"treated": treated, "baseline": baseline, "gain": est.value, "ci_low": est.ci_low,
+                     "ci_high": est.ci_high, "repeats": est.n, "estimate": est})
+    return pd.DataFrame(rows, columns=["treated", "baseline", "gain", "ci_low", "ci_high", "repeats", "estimate"])
+
+
+def throughput_table(runs) -> pd.DataFrame:
+    """Per arm: its throughput in each run and their geometric mean."""
+    rows = []
+    for m in runs.metrics():
+        if m.startswith("throughput:"):
+            vals = runs.values(m)
+            rows.append({"arm": m.removeprefix("throughput:"), "tokens_per_s": runs.estimate(m).value,
+                         **{f"run {i}": v for i, v in enumerate(vals, 1)}})
+    return pd.DataFrame(rows)
+
+
+def _state(est, low: float, high: float) -> str:
+    """Where a CI lies against the band [low, high]: "inside", "outside" (wholly out) or "straddles"."""
+    if est is None or math.isnan(est.ci_low) or est.n < MIN_UNITS["repeats"]:
+        return "undecided"
+    if low <= est.ci_low and est.ci_high <= high:
+        return "inside"
+    if est.ci_high < low or est.ci_low > high:
+        return "outside"
+    return "straddles"
+
+
+def judge_c8(runs, conditions: str, delta: float = EQUIVALENCE_DELTA) -> list[Verdict]:
+    """C8 from this chapter, on whole runs: the claim's own example, "prefix caching helps TTFT but not
+    TPOT", as one row with three outcomes, so no arrangement of the two gains makes it hold by default:
+
+    - **holds**: the TTFT gain's CI lies above 1 + delta AND the TPOT gain's CI lies inside the equivalence
+      band [1 - delta, 1 + delta] (TOST at the CI's level);
+    - **does not hold**: the TTFT gain's CI lies below 1 + delta, OR the TPOT gain's CI lies wholly outside
+      the band (the cache changes decoding too: an interaction with batching, or a cost);
+    - **inconclusive** (neither): any CI straddles its bound, or there are fewer than 5 runs."""
+    ttft = runs.estimate("ttft_gain:continuous") if "ttft_gain:continuous" in runs.metrics() else None
+    tpot = runs.estimate("tpot_gain:continuous") if "tpot_gain:continuous" in runs.metrics() else None
+    band = (1 - delta, 1 + delta)
+    t_state = _state(ttft, 1 + delta, math.inf)
+    p_state = _state(tpot, *band)
+    if "undecided" in (t_state, p_state):
+        verdict, why = INCONCLUSIVE, f"fewer than {MIN_UNITS['repeats']} whole runs or no CI"
+    elif t_state == "outside" or p_state == "outside":
+        verdict = FAILS
+        why = ("the TTFT gain's CI lies below the band" if t_state == "outside" else
+               "the TPOT gain's CI lies wholly outside the equivalence band: the cache changes decoding too")
+    elif t_state == "inside" and p_state == "inside":
+        verdict, why = HOLDS, "TTFT gain above the band and TPOT gain inside it"
+    else:
+        verdict, why = INCONCLUSIVE, "neither: a CI straddles its bound"
+
+    def cell(e) -> str:
+        return "no CI" if e is None or math.isnan(e.ci_low) else f"{e.value:.3g}x [{e.ci_low:.3g}, {e.ci_high:.3g}]"
+
+    n = min(e.n for e in (ttft, tpot) if e is not None) if ttft is not None and tpot is not None else 0
+    nums = f"continuous batching at saturation: TTFT gain {cell(ttft)}, TPOT gain {cell(tpot)}, n={n} whole runs"
+    note = (f"{conditions}; delta = {delta:g} (the study's choice); band [{band[0]:.2f}, {band[1]:.2f}]; {why}; "
+            "95% CIs over whole runs (t on the log of the per-run gains)")
+    row = Verdict("C8", "", f"{TTFT_NOT_TPOT} ({nums})", tpot.value if tpot is not None else None,
+                  (tpot.ci_low, tpot.ci_high) if tpot is not None else None,
+                  "caching helps TTFT, not TPOT: the gain is local", verdict, note, CHAPTER, n=n or None,
+                  direction="check", unit="repeats", ci_method=tpot.method if tpot is not None else None)
+    return decide_parts("C8", "measured interaction of the prefix cache with batching", [row],
+                        "local accelerations do not compose", conditions, CHAPTER)
+
+
+def c8_text(runs, delta: float = EQUIVALENCE_DELTA) -> str:
+    """What the prefix cache did to TTFT and TPOT at saturation over the whole runs, in words, from the
+    same numbers the C8 row judges."""
+    if "ttft_gain:continuous" not in runs.metrics():
+        return "The whole runs did not serve both continuous arms, so the cache's effect on TTFT and TPOT is not measured."
+    ttft, tpot = runs.estimate("ttft_gain:continuous"), runs.estimate("tpot_gain:continuous")
+    band = (1 - delta, 1 + delta)
+    head = (f"Over {ttft.n} whole runs at saturation under continuous batching, the radix prefix cache's gain "
+            f"(median without / median with the cache, per run) is {ttft.value:.2f}x [{ttft.ci_low:.2f}, "
+            f"{ttft.ci_high:.2f}] on TTFT and {tpot.value:.2f}x [{tpot.ci_low:.2f}, {tpot.ci_high:.2f}] on TPOT "
+            f"(95% CIs over runs). ")
+    p = _state(tpot, *band)
+    if p == "inside":
+        tail = f"TPOT is unchanged within the equivalence band [{band[0]:.2f}, {band[1]:.2f}]"
+    elif p == "outside" and tpot.ci_low > band[1]:
+        tail = ("The cache also shortens TPOT: under continuous batching prefills share forward passes with running "
+                "decodes, so the prefill tokens the cache removes also shorten the steps decoding requests wait on")
+    elif p == "outside":
+        tail = f"TPOT got longer with the cache: its whole CI lies below {band[0]:.2f}"
+    else:
+        tail = (f"The TPOT gain's CI crosses an edge of the band [{band[0]:.2f}, {band[1]:.2f}], so whether the cache "
+                "touches decoding is not decided")
+    t = _state(ttft, 1 + delta, math.inf)
+    ttft_words = {"inside": f"; the TTFT gain's whole CI lies above {1 + delta:.2f}.",
+                  "outside": f"; the TTFT gain's whole CI lies below {1 + delta:.2f}.",
+                  "straddles": f"; the TTFT gain's CI reaches {1 + delta:.2f}.", "undecided": "."}[t]
+    return head + tail + ttft_words

@@ -1,0 +1,306 @@
+"""Whole runs as the unit of machine-level numbers, CIs that do not turn on a seed, the code registration
+and the run ledger (issue: verdicts that survive the next run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from studylib.bench.stats import (
+    N_RESAMPLES,
+    bootstrap_interval,
+    estimate,
+    ratio_estimate,
+    run_estimate,
+)
+from studylib.bench.whole_runs import WholeRuns, run_one, whole_runs
+from studylib.claims import HOLDS, INCONCLUSIVE, judge_at_least
+from studylib.errors import StudylibError
+
+# ---------------------------------------------------------------------------------------- the CIs
+
+def test_bca_uses_ten_thousand_resamples_and_reports_its_monte_carlo_error():
+    x = np.random.default_rng(3).lognormal(0, 0.2, 15)
+    lo, hi, mc = bootstrap_interval(x)
+    assert N_RESAMPLES >= 10_000 and lo < np.median(x) < hi and 0 < mc < (hi - lo) / 5
+    e = estimate(x)
+    assert e.mc_error == pytest.approx(mc) and e.method.startswith("BCa") and e.confidence == 0.95
+
+
+def test_bca_bounds_move_with_the_seed_by_about_their_monte_carlo_error():
+    x = np.random.default_rng(4).normal(1.0, 0.1, 30)
+    bounds = np.array([bootstrap_interval(x, statistic=np.mean, seed=s)[:2] for s in range(8)])
+    mc = np.median([bootstrap_interval(x, statistic=np.mean, seed=s)[2] for s in range(8)])
+    assert bounds.std(axis=0).max() < 4 * mc
+
+
+def test_bca_corrects_a_skewed_statistic_where_the_percentile_interval_does_not():
+    # the mean of an exponential sample: BCa moves the interval up, towards the long tail
+    x = np.random.default_rng(5).exponential(1.0, 25)
+    lo, hi, _ = bootstrap_interval(x, statistic=np.mean)
+    idx = np.random.default_rng(0).integers(0, x.size, (N_RESAMPLES, x.size))
+    plo, phi = np.percentile(x[idx].mean(axis=1), [2.5, 97.5])
+    assert hi > phi and lo > plo
+
+
+def test_ratio_estimate_is_bca_with_its_error():
+    b = np.random.default_rng(6).lognormal(0, 0.1, 12)
+    e = ratio_estimate(b * 1.2, b)
+    assert e.value == pytest.approx(1.2) and e.mc_error >= 0 and e.method.startswith("BCa")
+
+
+def test_run_estimate_is_t_on_logs_and_says_so():
+    e = run_estimate([0.46, 0.55, 0.48, 0.50, 0.47])
+    logs = np.log([0.46, 0.55, 0.48, 0.50, 0.47])
+    from scipy import stats
+
+    half = stats.t.ppf(0.975, 4) * logs.std(ddof=1) / np.sqrt(5)
+    assert e.value == pytest.approx(np.exp(logs.mean()))
+    assert (e.ci_low, e.ci_high) == pytest.approx((np.exp(logs.mean() - half), np.exp(logs.mean() + half)))
+    assert e.n == 5 and "4 df" in e.method and e.mc_error == 0
+    # the issue's five runs of the bandwidth fraction straddle 0.5: a rerun can no longer flip them
+    row = judge_at_least("C2", "fraction", e, 0.5, "", "", 1, unit="repeats")
+    assert row.verdict == INCONCLUSIVE and row.ci_method.startswith("t on the log")
+    with pytest.raises(ValueError):
+        run_estimate([0.5, -1.0])
+    assert np.isnan(run_estimate([0.5]).ci_low)
+
+
+def test_a_wider_spread_between_runs_widens_the_ci_a_prompt_level_ci_never_sees():
+    tight, spread = run_estimate([0.55, 0.551, 0.549, 0.55, 0.552]), run_estimate([0.51, 0.59, 0.53, 0.57, 0.55])
+    assert judge_at_least("C1", "s", tight, 0.5, "", "", 1, unit="repeats").verdict == HOLDS
+    assert spread.ci_high - spread.ci_low > 10 * (tight.ci_high - tight.ci_low)
+
+
+# ---------------------------------------------------------------------------------------- whole runs
+
+def _fake_section(scale: float, bandwidth_gbs: float, run_index: int = 0, run_count: int = 1, **_) -> dict:
+    """A timing section for the tests: reports its pid (each run must be its own process) and its place."""
+    return {"value": scale * (1 + run_index), "pid": os.getpid(), "place": run_index, "of": run_count,
+            "bandwidth": bandwidth_gbs}
+
+
+def test_every_whole_run_is_a_fresh_process_with_its_own_probe_and_load(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    runs = whole_runs("test_whole_runs:_fake_section", {"scale": 2.0, "probe_mbytes": 8}, runs=3, progress=False)
+    pids = [r["metrics"]["pid"] for r in runs.runs]
+    assert len(set(pids)) == 3 and os.getpid() not in pids
+    assert runs.values("value") == [2.0, 4.0, 6.0] and [r["metrics"]["of"] for r in runs.runs] == [3, 3, 3]
+    assert all(r["bandwidth_gbs"] > 0 and len(r["load_before"]) == 3 for r in runs.runs)
+    assert runs.estimate("value").n == 3 and len(runs.table()) == 3
+    json.dumps(runs.to_dict())  # the record goes into the chapter's JSON
+
+
+def test_a_failing_run_names_itself(monkeypatch):
+    with pytest.raises(StudylibError, match="whole run 1 of studylib.nothing:here failed"):
+        whole_runs("studylib.nothing:here", {}, runs=2, progress=False)
+    with pytest.raises(StudylibError, match="at least 2 runs"):
+        whole_runs("x:y", {}, runs=1, progress=False)
+
+
+def test_a_metric_missing_from_a_run_is_an_error_that_names_it():
+    runs = WholeRuns("t:f", {}, [{"metrics": {"a": 1.0}}, {"metrics": {"b": 1.0}}])
+    with pytest.raises(StudylibError, match="returned no 'a'"):
+        runs.values("a")
+    assert runs.metrics() == []
+
+
+def test_run_one_measures_the_bandwidth_before_the_section(monkeypatch):
+    rec = run_one("test_whole_runs:_fake_section", {"scale": 1.0, "probe_mbytes": 8})
+    assert rec["metrics"]["bandwidth"] == rec["bandwidth_gbs"] > 0 and rec["pid"] == os.getpid()
+
+
+# ---------------------------------------------------------------------------------------- registration of code
+
+def test_the_fingerprint_covers_the_measuring_modules_and_kernels_not_the_pages():
+    from studylib.code_registration import fingerprint
+
+    fp = fingerprint(1, {"a": 1})
+    files = fp["files"]
+    assert "studylib/experiments/ch01_formats.py" in files and "studylib/bench/whole_runs.py" in files
+    assert "studylib/claims.py" in files and "studylib/models/csrc/quant_linear.c" in files
+    assert "notebooks/01_autoregressive_baseline.ipynb" in files
+    assert not any(f.startswith("studylib/workbook/") or f.endswith("_figures.py") for f in files)
+    assert fingerprint(1, {"a": 2})["params"] != fp["params"] and fingerprint(1, {"a": 1})["code"] == fp["code"]
+    assert fingerprint(1, {"a": 1, "out_dir": "/x"})["params"] == fp["params"]
+
+
+def test_lazy_imports_inside_functions_count():
+    from studylib.code_registration import closure
+
+    # ch01_formats imports studylib.models.weights only inside a function
+    assert "studylib.models.weights" in closure(["studylib.experiments.ch01_formats"])
+
+
+def test_a_change_to_the_code_after_registration_makes_the_result_exploratory(tmp_path):
+    from studylib.code_registration import check_result, differences, fingerprint
+
+    reg = fingerprint(3, {"p": 1})
+    changed = dict(reg, files=dict(reg["files"], **{"studylib/bench/stats.py": "0" * 64}), code="x")
+    assert differences(changed, reg) == ["code changed after registration (studylib/bench/stats.py)"]
+    assert differences(dict(reg, params="y"), reg) == ["parameters differ from the registered profile"]
+    assert differences(reg, reg) == []
+    registry = tmp_path / "registered_code.json"
+    registry.write_text(json.dumps({"cpu": {"ch03": reg}}))
+    record = {"chapter": 3, "params": {"profile": "cpu"}, "code_fingerprint": changed,
+              "provenance": {"git_commit": "abc"}}
+    assert "code changed after registration" in check_result(record, registry)
+    assert "no code fingerprint" in check_result(dict(record, code_fingerprint=None), registry)
+    assert "no code registration for profile smoke" in check_result(dict(record, params={"profile": "smoke"}),
+                                                                    registry)
+    # an uncommitted registry cannot register anything
+    assert "uncommitted" in check_result(dict(record, code_fingerprint=reg), registry)
+
+
+def test_register_and_check_from_the_command_line(tmp_path, monkeypatch):
+    from studylib import code_registration as cr
+    from studylib.workbook import register_cli
+
+    monkeypatch.setattr(cr, "REGISTRY", tmp_path / "registered_code.json")
+    params = register_cli.profile_params("smoke", [3])
+    cr.write("smoke", params)
+    assert register_cli.stale_chapters("smoke", [3]) == {}
+    assert "no code registration" in register_cli.stale_chapters("smoke", [4])[4][0]
+
+
+def test_the_committed_registry_parses_and_names_every_chapter():
+    from studylib.code_registration import read_registry
+    from studylib.workbook.runner import discover
+
+    reg = read_registry()
+    chapters = {f"ch{c:02d}" for c in discover(os.path.join(os.path.dirname(__file__), "..", "notebooks"))}
+    assert chapters <= set(reg.get("cpu", {})), "run `studylib register --profile cpu` and commit it"
+
+
+# ---------------------------------------------------------------------------------------- the ledger
+
+def _record(chapter=1, verdict="holds", code="c1", cpu="Xeon", commit="a" * 40, dirty=False):
+    return {"chapter": chapter, "params": {"profile": "cpu"}, "written": "2026-12-06T00:00:00+00:00",
+            "code_fingerprint": {"code": code, "params": "p"},
+            "provenance": {"git_commit": commit, "git_dirty": dirty, "cpu": cpu, "load_average_1min": 0.5},
+            "verdicts": [{"id": "C1", "role": "decision", "metric": "m", "measured": "1/1", "ci": None, "n": None,
+                          "verdict": verdict, "by_construction": False},
+                         {"id": "C1", "role": "part", "metric": "p", "measured": 0.6, "ci": [0.55, 0.65], "n": 5,
+                          "unit": "repeats", "verdict": verdict, "by_construction": False},
+                         {"id": "C1", "role": "part", "metric": "r2", "measured": 0.99, "ci": None, "n": 10,
+                          "verdict": "holds", "by_construction": True}]}
+
+
+def test_the_ledger_appends_and_never_rewrites(tmp_path):
+    from studylib import ledger
+
+    path = tmp_path / "ledger.jsonl"
+    ledger.append(_record(), path)
+    first = path.read_text()
+    ledger.append(_record(verdict="inconclusive"), path)
+    assert path.read_text().startswith(first) and len(ledger.read(path)) == 2
+    line = ledger.read(path)[0]
+    assert line["code"] == "c1" and line["cpu"] == "Xeon" and [r["metric"] for r in line["rows"]] == ["m", "p"]
+
+
+def test_the_ledger_shows_runs_of_the_same_code_and_cpu_and_names_disagreements(tmp_path):
+    from studylib import ledger
+
+    path = tmp_path / "ledger.jsonl"
+    for rec in (_record(), _record(verdict="inconclusive"), _record(code="old", verdict="does not hold"),
+                _record(cpu="EPYC", verdict="does not hold"), _record(dirty=True, verdict="does not hold")):
+        ledger.append(rec, path)
+    same = ledger.same_code(ledger.read(path), 1, "c1", "Xeon", "cpu")
+    assert len(same) == 2
+    assert ledger.disagreements(same) == {"C1": ["holds", "inconclusive"]}
+    text = ledger.summary(_record(), path)
+    assert "2 runs" in text and "C1: holds, inconclusive" in text
+    assert ledger.summary(_record(code="new"), path) == ""
+
+
+def test_reproduce_into_a_committed_folder_appends_to_the_ledger():
+    from studylib.workbook import runner
+
+    src = open(runner.__file__, encoding="utf-8").read()
+    assert "ledger.append(" in src and "ledger_on = committed_reports(out)" in src
+
+
+# ---------------------------------------------------------------------------------------- one-way rules
+
+def test_the_declarations_do_not_import_the_rules():
+    import ast
+
+    from studylib.code_registration import PACKAGE
+
+    for mod in ("decisions.py", "verdict.py", "code_registration.py", "git_history.py"):
+        tree = ast.parse((PACKAGE / mod).read_text(encoding="utf-8"))
+        names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+            a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert "studylib.claims" not in names, f"{mod} imports the rules"
+    out = subprocess.run([sys.executable, "-c", "import studylib.decisions, sys; print('studylib.claims' in sys.modules)"],
+                         capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.stdout.strip() == "False"
+
+
+# ---------------------------------------------------------------------------------------- C3's speed-ups
+
+def _summary3(speed=(1.2, 1.1, 1.3), prompts=10):
+    import pandas as pd
+
+    rows = []
+    for w in ("chat", "xsum", "humaneval"):
+        for m in ("ar", "lookahead:1,4,2+prompt"):
+            v, lo, hi = (1.0, 1.0, 1.0) if m == "ar" else speed
+            rows.append({"workload": w, "method": m, "prompts": prompts, "compression": 1.0 if m == "ar" else 1.5,
+                         "compression_lo": 1.0 if m == "ar" else 1.3, "compression_hi": 1.0 if m == "ar" else 1.7,
+                         "speedup": v, "speedup_lo": lo, "speedup_hi": hi, "exact": True})
+    return pd.DataFrame(rows)
+
+
+def _speed_runs(value, spread=0.01, n=5, temps=None):
+    rng = np.random.default_rng(1)
+    keys = [f"speedup:{w}" for w in ("chat", "xsum", "humaneval")] if temps is None else [
+        f"speedup:T{t}:{w}" for t in temps for w in ("chat", "xsum", "humaneval")]
+    return WholeRuns("t:f", {}, [{"metrics": {k: value * (1 + spread * rng.standard_normal()) for k in keys}}
+                                 for _ in range(n)])
+
+
+def test_chapter_3_judges_its_speed_up_over_whole_runs():
+    from studylib import decisions
+    from studylib.experiments import ch03_jacobi_lookahead as ch03
+
+    summary, m = _summary3(), "lookahead:1,4,2+prompt"
+    # a speed-up whose prompt-level CI clears 1 but whose runs spread across it: inconclusive, not holds
+    spread = WholeRuns("t:f", {}, [{"metrics": {f"speedup:{w}": v for w in ("chat", "xsum", "humaneval")}}
+                                   for v in (0.96, 1.08, 0.99, 1.05, 1.01)])
+    rows = ch03.c3_verdicts(summary, m, speed_runs=ch03.speed_over_runs(spread, summary, m))
+    speed = next(r for r in rows if r.metric.startswith("wall-clock"))
+    assert speed.unit == "repeats" and speed.n == 5 and speed.verdict == INCONCLUSIVE
+    assert "shown, not deciding" in speed.conditions
+    ok = ch03.c3_verdicts(summary, m, speed_runs=ch03.speed_over_runs(_speed_runs(1.3), summary, m))
+    assert ok[0].verdict == HOLDS and len(decisions.stamp(ok, 3)) == len(ok)
+    # the prompt-level CI alone counts no repeats
+    assert ch03.c3_verdicts(summary, m)[0].verdict == INCONCLUSIVE
+
+
+def test_chapter_2_judges_both_temperatures_over_whole_runs():
+    import pandas as pd
+
+    from studylib import decisions
+    from studylib.claims import FAILS
+    from studylib.experiments import ch02_speculative as ch02
+
+    head = "eagle@5,4,16"
+    rows = []
+    for w in ("chat", "xsum", "humaneval"):
+        for m in ("ar", head):
+            rows.append({"workload": w, "method": m, "prompts": 10, "speedup": 0.5 if m != "ar" else 1.0,
+                         "speedup_lo": 0.45, "speedup_hi": 0.55, "tokens_per_step": 2.0, "tokens_per_step_lo": 1.8,
+                         "tokens_per_step_hi": 2.2, "exact_match": 1.0})
+    by = pd.DataFrame(rows)
+    runs = _speed_runs(0.5, temps=("0", "1"))
+    out = ch02.c3_verdicts(by, head, None, "greedy", t1=by, runs=runs)
+    speed = [r for r in out if r.metric.startswith("wall-clock")]
+    assert [r.metric[-3:] for r in speed] == ["T=0", "T=1"]
+    assert all(r.unit == "repeats" and r.n == 5 and r.verdict == FAILS for r in speed)
+    assert len(decisions.stamp(out, 2)) == len(out)
