@@ -393,6 +393,11 @@ def reproduce(profile: str = "cpu", chapters: Sequence[int] | None = None, out_d
         else:
             run = run_chapter(nb, c, params, out, kernel, cell_timeout, dirty=dirty)
             records[str(c)] = run.to_dict()
+            if not dirty and tree_is_dirty():
+                # a file added or edited while the chapters run makes every later result "of a dirty tree"
+                bar.write(f"studylib: warning: the git tree changed during the run (`git status`); ch{c:02d}'s "
+                          "decisions read exploratory: leave the tree alone while `make reproduce` runs",
+                          file=sys.stderr)
             if ledger_on and run.status == OK:
                 from studylib import ledger
 

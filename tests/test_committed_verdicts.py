@@ -1,0 +1,71 @@
+"""The committed study follows the rules that keep its verdicts from flipping on the next run (issue 43).
+
+Read from ``reports/cpu`` as committed: if a chapter is rerun in a way that brings back a deciding number
+over the prompts of one process, a result that does not follow its code registration, or a ledger that
+lost a run, these fail."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from studylib.claims import DECISION, load_chapter
+from studylib.verdict import MIN_UNITS, RUN_CI
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORTS = ROOT / "reports" / "cpu"
+CHAPTERS = sorted(REPORTS.glob("ch[0-9][0-9].json"))
+SPEED = ("speed-up", "speedup", "throughput", "fraction of memory bandwidth", "scales with the bytes read")
+
+
+def _rows(path):
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_every_deciding_machine_level_number_rests_on_whole_runs(path):
+    data = _rows(path)
+    for v in data["verdicts"]:
+        machine = any(w in v["metric"] for w in SPEED) and v.get("direction") == "at_least"
+        if not machine or v.get("by_construction") or v["id"] == "C7" and "under load" in v["metric"]:
+            continue
+        assert v["unit"] == "repeats", f"{path.name}: {v['metric']!r} is decided over {v['unit']}, not whole runs"
+        if v.get("ci") is not None:
+            assert (v.get("ci_method") or "").startswith(RUN_CI), f"{path.name}: {v['metric']!r}: {v.get('ci_method')}"
+            assert v["n"] >= MIN_UNITS["repeats"], f"{path.name}: {v['metric']!r} rests on {v['n']} runs"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_every_committed_result_carries_the_registered_fingerprint(path):
+    from studylib.code_registration import differences, registered
+
+    raw = _rows(path)
+    fp = raw.get("code_fingerprint")
+    assert fp, f"{path.name} carries no code fingerprint; rerun it with `make reproduce`"
+    reg = registered(raw["params"]["profile"], raw["chapter"])
+    assert reg is not None and differences(fp, reg) == [], f"{path.name}: {differences(fp, reg or {})}"
+    # a decision that does not follow its registration says so and cannot read "holds"
+    for v in load_chapter(path)["verdicts"]:
+        if v.role == DECISION and v.exploratory:
+            assert v.verdict not in ("holds", "holds under conditions") and "exploratory:" in v.conditions
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_bootstrap_cis_report_their_monte_carlo_error(path):
+    for v in _rows(path)["verdicts"]:
+        if (v.get("ci_method") or "").startswith("BCa"):
+            assert v.get("mc_error") is not None, f"{path.name}: {v['metric']!r}"
+
+
+def test_the_ledger_holds_every_committed_chapter_run():
+    from studylib import ledger
+
+    lines = ledger.read()
+    for path in CHAPTERS:
+        data = _rows(path)
+        commit = data["provenance"]["git_commit"]
+        hits = [e for e in lines if e["chapter"] == data["chapter"] and e["commit"] == commit
+                and e["code"] == data["code_fingerprint"]["code"]]
+        assert hits, f"reports/ledger.jsonl has no line for {path.name} (commit {commit[:12]})"
