@@ -136,10 +136,9 @@ def params_digest(params: Mapping[str, Any]) -> str:
 def fingerprint(chapter: int, params: Mapping[str, Any] | None) -> dict[str, Any]:
     """The chapter's code and parameters, hashed: ``files`` (path -> sha256 of each module and kernel
     source), ``code`` (one digest over them), ``params`` (the parameters' digest, None if not given)."""
-    modules = closure(notebook_imports(notebook_for(chapter)))
-    files = {str(module_file(m).relative_to(REPO_ROOT)): _sha(module_file(m).read_bytes()) for m in modules}
-    files.update({str(p.relative_to(REPO_ROOT)): _sha(p.read_bytes()) for p in kernel_sources()})
-    files[str(notebook_for(chapter).relative_to(REPO_ROOT))] = _sha(notebook_for(chapter).read_bytes())
+    notebook = notebook_for(chapter)
+    paths = [module_file(m) for m in closure(notebook_imports(notebook))] + kernel_sources() + [notebook]
+    files = {str(p.relative_to(REPO_ROOT)): _sha(p.read_bytes()) for p in paths}
     code = _sha(json.dumps(sorted(files.items())).encode())
     return {"code": code, "params": params_digest(params) if params is not None else None, "files": files}
 
@@ -175,6 +174,15 @@ def differences(found: Mapping[str, Any], reg: Mapping[str, Any]) -> list[str]:
     if found.get("params") != reg.get("params"):
         out.append("parameters differ from the registered profile")
     return out
+
+
+def stale(profile: str, chapter: int, params: Mapping[str, Any]) -> list[str]:
+    """Why chapter ``chapter``, run now with ``params``, would not follow its registration under
+    ``profile`` (empty: it would)."""
+    reg = registered(profile, chapter)
+    if reg is None:
+        return [f"no code registration for profile {profile}"]
+    return differences(fingerprint(chapter, params), reg)
 
 
 def write(profile: str, params_by_chapter: Mapping[int, Mapping[str, Any]], path: Path | None = None) -> dict[str, Any]:

@@ -177,6 +177,31 @@ def ratio_estimate(baseline: Sequence[float], treated: Sequence[float], seed: in
     return Estimate(point, lo, hi, int(b.size), (b / t).tolist(), confidence=confidence, mc_error=mc)
 
 
+def ratio_of_sums_bounds(num: Sequence[float], den: Sequence[float], confidence: float = 0.95, seed: int = 0,
+                         resamples: int = N_RESAMPLES) -> tuple[float, float, float]:
+    """The BCa interval of sum(num) / sum(den) over paired units (both resampled together; a resample whose
+    denominator is 0 has no ratio and is dropped), with its Monte Carlo error: (low, high, error). The
+    caller handles fewer than 2 units and a zero total."""
+    a, b = np.asarray(num, float), np.asarray(den, float)
+    point = float(a.sum() / b.sum())
+    idx = np.random.default_rng(seed).integers(0, a.size, size=(resamples, a.size))
+    top, bottom = a[idx].sum(axis=1), b[idx].sum(axis=1)
+    boots = top[bottom > 0] / bottom[bottom > 0]
+    keep = np.ones(a.size, dtype=bool)
+    jack = []
+    for i in range(a.size):  # leave one unit out: the interval's acceleration
+        keep[i] = False
+        jack.append(a[keep].sum() / b[keep].sum() if b[keep].sum() > 0 else point)
+        keep[i] = True
+    return bca_bounds(point, boots, np.array(jack), confidence)
+
+
+def no_ci(n: int = 0, samples: Sequence[float] = (), confidence: float = 0.95, method: str = "no CI") -> Estimate:
+    """An estimate without a value or a CI: the verdict rules read it as too few units."""
+    nan = float("nan")
+    return Estimate(nan, nan, nan, int(n), list(samples), confidence, method, 0.0)
+
+
 def run_estimate(run_values: Sequence[float], confidence: float = 0.95) -> Estimate:
     """The CI of a machine-level number over whole runs: one value per run (each run's own median over its
     prompts), Student's t on their logs with n - 1 degrees of freedom, back-transformed. The point is the

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from studylib.bench.stats import Estimate, run_estimate
+from studylib.bench.stats import Estimate, no_ci, run_estimate
 from studylib.errors import StudylibError
 
 MIN_RUNS = 5
@@ -66,9 +66,7 @@ class WholeRuns:
 
         vals = self.values(metric)
         if any(not math.isfinite(v) or v <= 0 for v in vals):
-            nan = float("nan")
-            return Estimate(nan, nan, nan, len(vals), vals, confidence,
-                            "no CI: a run's value is not a positive number", 0.0)
+            return no_ci(len(vals), vals, confidence, "no CI: a run's value is not a positive number")
         return run_estimate(vals, confidence)
 
     def get(self, metric: str, confidence: float = 0.95) -> Estimate | None:

@@ -227,18 +227,10 @@ def paired_ratio(ref: Sequence[np.ndarray], arm: Sequence[np.ndarray], confidenc
         if discordant == 0:
             lo = hi = value
         else:
-            from studylib.bench.stats import bca_bounds
+            from studylib.bench.stats import ratio_of_sums_bounds
 
-            idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
-            num, den = a[idx].sum(1), r[idx].sum(1)
-            boots = num[den > 0] / den[den > 0]  # a resample with no reference hit has no ratio
-            keep = np.ones(n, dtype=bool)
-            jack = []
-            for d in range(n):  # leave one document out: the acceleration of the BCa interval
-                keep[d] = False
-                jack.append(a[keep].sum() / r[keep].sum() if r[keep].sum() > 0 else value)
-                keep[d] = True
-            lo, hi, mc_error = bca_bounds(value, boots, np.array(jack), confidence)
+            # documents are the units: a resample with no reference hit has no ratio
+            lo, hi, mc_error = ratio_of_sums_bounds(a, r, confidence, seed, n_boot)
     mdc = (hi - lo) / 2
     has_ci = not math.isnan(mdc)
     return TaskRatio(

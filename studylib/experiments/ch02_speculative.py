@@ -404,13 +404,12 @@ def timing_run(model: str, weights: str, act: str, eagle_head: str, headline: st
 def speed_over_runs(runs, temperature: float, workloads=None) -> dict:
     """Per workload, the headline's speed-up at ``temperature`` over whole runs (t on the log of the runs).
     ``workloads``: the main run's; one the runs did not measure stays a condition without a CI."""
-    from studylib.bench.stats import Estimate
+    from studylib.bench.stats import no_ci
 
     key = f"speedup:T{temperature:g}:"
     found = {m.removeprefix(key): runs.estimate(m) for m in runs.metrics() if m.startswith(key)}
-    nan = float("nan")
     for w in workloads or ():
-        found.setdefault(w, Estimate(nan, nan, nan, 0, []))
+        found.setdefault(w, no_ci())
     return found
 
 

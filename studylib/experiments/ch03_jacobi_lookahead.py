@@ -358,12 +358,10 @@ def timing_run(model: str, weights: str, act: str, workloads: Mapping[str, int],
 
 def speed_over_runs(runs, summary: pd.DataFrame, method: str) -> dict:
     """Per workload, the speed-up's CI over whole runs, keyed as ``c3_verdicts`` takes it."""
-    from studylib.bench.stats import Estimate
+    from studylib.bench.stats import no_ci
 
-    nan = float("nan")
     # a workload the runs did not measure stays a condition, with no CI: it cannot clear the bar unseen
-    return {w: runs.get(f"speedup:{w}") or Estimate(nan, nan, nan, 0, [])
-            for w in summary.loc[summary.method == method, "workload"]}
+    return {w: runs.get(f"speedup:{w}") or no_ci() for w in summary.loc[summary.method == method, "workload"]}
 
 
 def c3_verdicts(summary: pd.DataFrame, method: str, chapter: int = 3, conditions: str = "",

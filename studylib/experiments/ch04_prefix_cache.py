@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from studylib.bench.stats import N_RESAMPLES, Estimate, bca_bounds, ratio_estimate
+from studylib.bench.stats import N_RESAMPLES, Estimate, ratio_estimate, ratio_of_sums_bounds
 from studylib.decoding import ar
 from studylib.decoding.common import eos_set
 from studylib.kvcache.belady import Trace
@@ -167,16 +167,7 @@ def ratio_of_sums(num: Sequence[float], den: Sequence[float], *, seed: int = 0, 
         return Estimate(point, float("nan"), float("nan"), int(a.size), per)
     if np.all(a == b):  # LRU equals the reference on every request: no spread to resample
         return Estimate(point, point, point, int(a.size), per, confidence=confidence)
-    idx = np.random.default_rng(seed).integers(0, a.size, size=(resamples, a.size))
-    top, bottom = a[idx].sum(axis=1), b[idx].sum(axis=1)
-    boots = top[bottom > 0] / bottom[bottom > 0]
-    keep = np.ones(a.size, dtype=bool)
-    jack = []
-    for i in range(a.size):
-        keep[i] = False
-        jack.append(a[keep].sum() / b[keep].sum() if b[keep].sum() > 0 else point)
-        keep[i] = True
-    lo, hi, mc = bca_bounds(point, boots, np.array(jack), confidence)
+    lo, hi, mc = ratio_of_sums_bounds(a, b, confidence, seed, resamples)
     return Estimate(point, lo, hi, int(a.size), per, confidence=confidence, mc_error=mc)
 
 

@@ -190,6 +190,16 @@ def ch01_curve(out_dir: str | Path) -> pd.DataFrame | None:
 # band's half-width is the study's choice (declared with C8@5 and C8@7 in notebooks/params/decisions.yaml).
 EQUIVALENCE_DELTA = 0.05
 TTFT_NOT_TPOT = "prefix cache helps TTFT, not TPOT"
+
+
+def band_state(low: float, high: float, lo_bound: float, hi_bound: float) -> str:
+    """Where the CI [low, high] lies against the band [lo_bound, hi_bound]: "inside", "outside" (wholly
+    out of it) or "straddles" (across an edge): the three outcomes of an equivalence reading."""
+    if lo_bound <= low and high <= hi_bound:
+        return "inside"
+    if high < lo_bound or low > hi_bound:
+        return "outside"
+    return "straddles"
 TPOT_TOO = "prefix cache also shortens TPOT"
 
 

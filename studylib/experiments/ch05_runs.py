@@ -28,7 +28,7 @@ from studylib.claims import (
     decide_parts,
 )
 from studylib.experiments.ch05_batching import CHAPTER, arm_name, chapter_workload, parse_arm, serve
-from studylib.experiments.ch05_interplay import EQUIVALENCE_DELTA, TTFT_NOT_TPOT
+from studylib.experiments.ch05_interplay import EQUIVALENCE_DELTA, TTFT_NOT_TPOT, band_state
 from studylib.experiments.ch05_load import shared_prefix_workload
 
 TREATED = ("continuous", "continuous+radix")
@@ -106,11 +106,7 @@ def _state(est, low: float, high: float) -> str:
     """Where a CI lies against the band [low, high]: "inside", "outside" (wholly out) or "straddles"."""
     if est is None or math.isnan(est.ci_low) or est.n < MIN_UNITS["repeats"]:
         return "undecided"
-    if low <= est.ci_low and est.ci_high <= high:
-        return "inside"
-    if est.ci_high < low or est.ci_low > high:
-        return "outside"
-    return "straddles"
+    return band_state(est.ci_low, est.ci_high, low, high)
 
 
 def judge_c8(runs, conditions: str, delta: float = EQUIVALENCE_DELTA) -> list[Verdict]:

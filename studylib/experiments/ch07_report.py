@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import os
 import pkgutil
 from collections.abc import Mapping, Sequence
@@ -28,7 +29,7 @@ from studylib.claims import (
 )
 from studylib.errors import StudylibError
 from studylib.experiments import ch07_combined as cc
-from studylib.experiments.ch05_interplay import EQUIVALENCE_DELTA, ttft_not_tpot
+from studylib.experiments.ch05_interplay import EQUIVALENCE_DELTA, band_state, ttft_not_tpot
 from studylib.experiments.ch07_quality import QUALITY_BAR
 from studylib.experiments.ch07_stack import StackPlan, stack_arm_name
 from studylib.models import arithmetic
@@ -381,7 +382,8 @@ def c8_checks(spec_gain: pd.DataFrame, prefix: pd.Series | None, sparse: pd.Data
         rule = ttft_not_tpot(ttft, tpot, delta)
         # three outcomes: both CIs on the claim's side (holds), either wholly on the wrong side (does not
         # hold), or a CI across its bound (neither: inconclusive, never "does not hold")
-        wrong = bool(ttft[2] < 1 + delta or tpot[2] < 1 - delta or tpot[1] > 1 + delta)
+        wrong = (band_state(ttft[1], ttft[2], 1 + delta, math.inf) == "outside"
+                 or band_state(tpot[1], tpot[2], 1 - delta, 1 + delta) == "outside")
         neither = not all(rule["not_tpot"].values()) and not wrong
         checks[f"{C8_PREFIX} ({prefix.workload}: TTFT gain {_ci(*ttft[:3])}, TPOT gain {_ci(*tpot[:3])}, 95% CIs, "
                f"n={int(prefix.requests)} requests; delta = {delta:g})"] = {

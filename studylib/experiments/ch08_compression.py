@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from studylib import plots
-from studylib.bench.stats import estimate, ratio_estimate, rotated
+from studylib.bench.stats import estimate, no_ci, ratio_estimate, rotated
 from studylib.claims import (
     FAILS,
     Verdict,
@@ -575,8 +575,7 @@ def judge_c9(speed: pd.DataFrame, task: pd.DataFrame, identities: Mapping[str, d
         speed_parts = [sp]
         gkey = f"speedup_vs_gguf:{r.arm}"
         if r.arm in ARITHMETIC_ARMS and runs is not None:
-            nan = float("nan")
-            vs_gguf = runs.get(gkey, confidence) or {"value": nan, "ci_low": nan, "ci_high": nan, "n": 0}
+            vs_gguf = runs.get(gkey, confidence) or no_ci(confidence=confidence)
             # the arithmetic's own gain, the 4-bit weights held fixed: gguf's gain over fp32 is not its own
             speed_parts.append(judge_at_least(
                 "C9", f"decode speed-up over gguf (weights fixed), {r.arm}", vs_gguf,

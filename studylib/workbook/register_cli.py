@@ -30,14 +30,8 @@ def profile_params(profile: str, chapters: Iterable[int] | None = None) -> dict[
 
 def stale_chapters(profile: str, chapters: Iterable[int] | None = None) -> dict[int, list[str]]:
     """Chapters whose current code or parameters differ from their registration (or have none)."""
-    out = {}
-    for c, params in profile_params(profile, chapters).items():
-        reg = cr.registered(profile, c)
-        why = [f"no code registration for profile {profile}"] if reg is None else cr.differences(
-            cr.fingerprint(c, params), reg)
-        if why:
-            out[c] = why
-    return out
+    reasons = {c: cr.stale(profile, c, params) for c, params in profile_params(profile, chapters).items()}
+    return {c: why for c, why in reasons.items() if why}
 
 
 def add_arguments(parser) -> None:

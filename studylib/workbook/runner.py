@@ -309,14 +309,13 @@ REGISTERED_PROFILES = ("cpu", "gpu")  # the profiles whose results are meant to 
 def warn_unregistered(profile: str, params: Mapping[int, Mapping[str, Any]]) -> list[str]:
     """Say, before anything runs, which chapters' code or parameters differ from their registration
     (``studylib.code_registration``): their decisions will be exploratory. Returns the lines printed."""
-    from studylib.code_registration import differences, fingerprint, read_registry, registered
+    from studylib.code_registration import read_registry, stale
 
+    if profile not in read_registry() and profile not in REGISTERED_PROFILES:
+        return []  # a profile nobody registers (smoke, a user's own): its results are exploratory anyway
     lines = []
     for c, p in params.items():
-        reg = registered(profile, c)
-        why = [f"no code registration for profile {profile}"] if reg is None else differences(fingerprint(c, p), reg)
-        if reg is None and profile not in read_registry() and profile not in REGISTERED_PROFILES:
-            continue  # a profile nobody registers (smoke, a user's own): its results are exploratory anyway
+        why = stale(profile, c, p)
         if why:
             lines.append(f"ch{c:02d}: {'; '.join(why)}: its decisions will be exploratory (register with "
                          f"`studylib register --profile {profile}` and commit before the run)")
