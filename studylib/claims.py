@@ -60,6 +60,11 @@ from studylib.verdict import (  # noqa: F401  (the vocabulary, re-exported: chap
 
 # ----------------------------------------------------------------------------------------- the rules
 
+# How a check row was decided, for the table's method column (a check has no CI of its own).
+CHECK_EXACT = "exact check: every unit must pass; one counterexample fails it"
+CHECK_OF_CIS = "check over CIs: the interval comparison named in the conditions"
+
+
 @dataclass(frozen=True)
 class Point:
     """A measured value with its 95% CI (None without one) and the number of units behind the CI."""
@@ -294,7 +299,9 @@ def judge_checks(claim_id: str, metric: str, checks: Mapping[str, bool], claimed
     return Verdict(claim_id, "", metric, p.value if p else f"{len(passed)}/{len(checks)} checks",
                    p.ci if p else None, claimed, verdict, _join(conditions, note), chapter,
                    n=row_n, threshold=None, direction=CHECK, role=role, unit=unit,
-                   by_construction=by_construction, confidence=confidence, tried=tried)
+                   by_construction=by_construction, confidence=confidence, tried=tried,
+                   ci_method=(p.method if p and p.ci is not None and p.method else
+                              CHECK_EXACT if exact else CHECK_OF_CIS))
 
 
 _ORDER = {HOLDS: 3, CONDITIONAL: 2, INCONCLUSIVE: 1, FAILS: 0}

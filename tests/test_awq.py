@@ -113,3 +113,23 @@ def test_awq_beats_rtn_where_channels_are_salient():
     other = torch.randint(0, dense.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(7))
     ref2 = _logits(dense, other)
     assert _mse(_logits(aw, other), ref2) < _mse(_logits(rtn, other), ref2)
+
+
+def test_a_reload_reuses_the_chosen_alphas_and_gives_the_same_blocks(tmp_path, monkeypatch):
+    monkeypatch.setenv("STUDYLIB_CACHE", str(tmp_path))
+    base, _ = load_model("tiny-random")
+    _with_outlier_channels(base)
+    ids = torch.randint(0, base.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
+    first = awq.awq_fold(copy.deepcopy(base), ids)
+    assert list((tmp_path / "awq").glob("*.json")), "the chosen alphas were not stored"
+    calls = []
+    real = awq.search_scales
+    monkeypatch.setattr(awq, "search_scales", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    second = awq.awq_fold(copy.deepcopy(base), ids)
+    assert calls and all(len(grid) == 1 for grid in calls)  # one alpha each: the search was not rerun
+    assert first[1] == second[1]
+    assert all(torch.equal(first[0][k], second[0][k]) for k in first[0])
+    # other calibration ids are another key: the full grid runs again
+    calls.clear()
+    awq.awq_fold(copy.deepcopy(base), ids.flip(1))
+    assert any(len(grid) > 1 for grid in calls)

@@ -57,3 +57,23 @@ def test_decode_cost_rows_and_speedup_pairing(tiny):
     s = d.decode_summary(dc)
     dense_read = s[(s.pattern == "dense") & (s.context == 128)].kv_read_mb.iloc[0]
     assert s[(s.pattern == "sinks:2,14") & (s.context == 128)].kv_read_mb.iloc[0] < dense_read
+
+
+def test_quest_budgets_decoded_together_match_each_decoded_alone(tiny):
+    model, tok = tiny
+    from studylib.data import long_text
+
+    ids = long_text(tok, 160, seed=3)
+    specs = ["quest:budget=32,page=8,sinks=2,recent=6,dense=0", "quest:budget=64,page=8,sinks=2,recent=6,dense=0"]
+    tail = ids[-10:]
+    alone = []
+    for sp in specs:
+        c = d.prefill_arms(model, ids[:-10], [sp], 12, chunk=64)[sp]
+        alone.append(d.torch.stack([d.decode_step(model, c, t) for t in tail]))
+    caches = d.prefill_arms(model, ids[:-10], specs, 12, chunk=64)
+    together = d.decode_rows(model, [caches[sp] for sp in specs], tail)
+    assert together.shape == (2, 10, alone[0].shape[-1])
+    for i in range(2):
+        assert d.torch.allclose(together[i], alone[i], atol=1e-4, rtol=1e-4)
+    # the two budgets really differ: each row went through its own cache
+    assert not d.torch.allclose(together[0], together[1], atol=1e-6)

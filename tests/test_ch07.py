@@ -185,9 +185,23 @@ def test_latency_verdict_follows_the_rule_per_workload():
     assert report.judge_latency(stacks_frame([12], [11], [13], requests=4), "c").verdict == INCONCLUSIVE
 
 
-def test_quality_verdict_fails_below_99_percent():
-    assert report.judge_quality(stacks_frame([1.0], [1.0], [1.0], quality=1.0), "c").verdict == HOLDS
-    assert report.judge_quality(stacks_frame([1.0], [1.0], [1.0], quality=0.5), "c").verdict == FAILS
+def test_a_lossless_stack_is_an_exactness_check_not_a_degenerate_ci():
+    [ok] = report.judge_quality(stacks_frame([1.0], [1.0], [1.0], quality=1.0), "c")
+    assert ok.verdict == HOLDS and ok.ci is None and ok.n == 10 and "identical" in ok.metric
+    # one mismatched request of ten fails it: exactness has no tolerance
+    [bad] = report.judge_quality(stacks_frame([1.0], [1.0], [1.0], quality=0.9), "c")
+    assert bad.verdict == FAILS
+    # too few requests to call it exact
+    [few] = report.judge_quality(stacks_frame([1.0], [1.0], [1.0], quality=1.0, requests=4), "c")
+    assert few.verdict == INCONCLUSIVE
+
+
+def test_a_lossy_stack_is_judged_on_its_ci_beside_the_lossless_ones():
+    st = stacks_frame([1.0, 1.0], [1.0, 1.0], [1.0, 1.0], quality=1.0)
+    st.loc[1, ["quality", "q_low", "q_high", "binding"]] = [0.95, 0.93, 0.97, "greedy agreement"]
+    exact, lossy = report.judge_quality(st, "c")
+    assert exact.verdict == HOLDS and exact.n == 10
+    assert lossy.verdict == FAILS and "lossy" in lossy.metric
 
 
 def test_throughput_verdict_and_the_range_note():
@@ -208,10 +222,10 @@ def test_a_stack_that_is_ar_itself_is_not_counted_for_quality():
     from studylib import decisions
 
     st = stacks_frame([1.0], [1.0], [1.0], quality=1.0).assign(stack=cc.BASELINE)
-    q = report.judge_quality(st, "c")
+    [q] = report.judge_quality(st, "c")
     assert q.by_construction and "AR itself" in q.metric
     assert len(decisions.stamp([q], 7)) == 1
-    assert not report.judge_quality(stacks_frame([1.6], [1.0], [3.9]), "c").by_construction
+    assert not any(r.by_construction for r in report.judge_quality(stacks_frame([1.6], [1.0], [3.9]), "c"))
 
 
 def test_c7_is_one_decision_a_lossless_stack_cannot_carry():

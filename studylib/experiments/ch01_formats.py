@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from studylib.bench.stats import Estimate, rotated
+from studylib.bench.stats import N_RESAMPLES, Estimate, bca_bounds, rotated
 from studylib.decoding import ar
 from studylib.progress import progress_bar
 
@@ -103,7 +103,7 @@ def _per_prompt(runs: pd.DataFrame, engines: Sequence[str]) -> pd.DataFrame:
     return wide[list(engines)].dropna()
 
 
-def bytes_share(runs: pd.DataFrame, at: str = "gguf", engines: Sequence[str] = FIT, n_boot: int = 2000,
+def bytes_share(runs: pd.DataFrame, at: str = "gguf", engines: Sequence[str] = FIT, n_boot: int = N_RESAMPLES,
                 seed: int = 0) -> dict:
     """The share of ``at``'s step that scales with the bytes it reads, from the fit across ``engines``.
 
@@ -130,10 +130,14 @@ def bytes_share(runs: pd.DataFrame, at: str = "gguf", engines: Sequence[str] = F
     point, r2, gbs = share(steps)
     rng = np.random.default_rng(seed)
     n = len(steps)
-    boots = np.array([share(steps.iloc[rng.integers(0, n, n)])[0] for _ in range(n_boot)]) if n >= 2 else np.array([])
-    lo, hi = (np.percentile(boots, [2.5, 97.5]) if boots.size else (float("nan"), float("nan")))
-    return {"at": at, "engines": engines, "estimate": Estimate(float(point), float(lo), float(hi), n, [],
-                                                               method=f"percentile bootstrap over prompts, {n_boot} refits"),
+    if n >= 3:
+        boots = np.array([share(steps.iloc[rng.integers(0, n, n)])[0] for _ in range(n_boot)])
+        jack = np.array([share(steps.drop(steps.index[i]))[0] for i in range(n)])
+        lo, hi, mc = bca_bounds(float(point), boots, jack)
+    else:
+        lo = hi = mc = float("nan")
+    return {"at": at, "engines": engines, "estimate": Estimate(float(point), float(lo), float(hi), n, [], mc_error=mc,
+                                                               method=f"BCa bootstrap over prompts, {n_boot:,} refits"),
             "r2": r2, "implied_gbs": gbs}
 
 

@@ -76,6 +76,39 @@ def decode_step(model, cache, token: int) -> torch.Tensor:
     return model(x, cache.begin(1), logits="last").logits[0, -1].float()
 
 
+class CacheRows:
+    """Several single-sequence caches behind one forward of as many rows: row i attends through
+    ``caches[i]``. Arms that feed the same tokens (the Quest budgets, teacher-forced over one document)
+    then read the weights once per step for all of them instead of once each; every row still attends
+    only through its own cache, so each arm's attention is its own."""
+
+    def __init__(self, caches: Sequence):
+        self.caches = list(caches)
+
+    def begin(self, n: int) -> CacheRows:
+        for c in self.caches:
+            c.begin(n)
+        return self
+
+    def positions(self) -> torch.Tensor:
+        return torch.cat([c.positions() for c in self.caches], 0)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.cat([c.attend(layer, q[i:i + 1], k[i:i + 1], v[i:i + 1]) for i, c in enumerate(self.caches)], 0)
+
+
+@torch.inference_mode()
+def decode_rows(model, caches: Sequence, tokens: Sequence[int]) -> torch.Tensor:
+    """Feed ``tokens`` one decode step at a time to every cache in ``caches`` at once (one row each,
+    ``CacheRows``); returns the next-token logits (len(caches), len(tokens), V) in fp32."""
+    rows = CacheRows(caches)
+    out = []
+    for t in tokens:
+        x = torch.full((len(rows.caches), 1), int(t), device=model.device)
+        out.append(model(x, rows.begin(1), logits="last").logits[:, -1].float())
+    return torch.stack(out, 1)
+
+
 def greedy_tokens(model, cache, logits: torch.Tensor, n: int) -> list[int]:
     """``n`` greedy tokens continuing from next-token ``logits``, each fed back through ``cache``."""
     out = []
@@ -241,7 +274,8 @@ def document_quality(model, tokenizer, specs: Sequence[str], n_docs: int, n_toke
     """Per document (``long_text`` with its own seed: the units of the CIs) and pattern.
 
     The first ``n_tokens - scored`` tokens are prefilled; the last ``scored`` are then fed one decode
-    step at a time to Quest (it selects per step) and as one chunk to the fixed-mask arms and dense (the
+    step at a time to Quest (it selects per step; every Quest budget in one forward, ``decode_rows``)
+    and as one chunk to the fixed-mask arms and dense (the
     same numbers as step by step: a fixed mask gives each position the same keys either way). Each
     position's next-token distribution is compared with dense's: perplexity ratio over those positions,
     mean KL(dense || pattern) and top-1 agreement; and every word of the scored text is a task item
@@ -267,10 +301,14 @@ def document_quality(model, tokenizer, specs: Sequence[str], n_docs: int, n_toke
         spans = lastword.word_spans(tokenizer, tail, min_context=1)
         logp, cont, words, ms = {}, {}, {}, {}
         x = torch.tensor([tail], device=model.device)
+        # Quest selects per decode step: its arms are fed the tail one token at a time, all budgets in one
+        # forward of one row each (the same tokens, each row through its own cache)
+        quest = [sp for sp in caches if Pattern.parse(sp).kind == "quest"]
+        stepped = dict(zip(quest, decode_rows(model, [caches[sp] for sp in quest], tail), strict=True)) if quest else {}
         for spec in rotated(list(caches), doc):
             cache = caches[spec]
-            if Pattern.parse(spec).kind == "quest":  # selects per decode step: feed the tail one token at a time
-                logits = torch.stack([decode_step(model, cache, t) for t in tail])
+            if spec in stepped:
+                logits = stepped[spec]
             else:  # a fixed mask gives every position the same keys in one chunk as one step at a time
                 with torch.inference_mode():
                     logits = model(x, cache.begin(len(tail)), logits="all").logits[0].float()

@@ -259,12 +259,14 @@ def paired(runs: pd.DataFrame, workload: str, arm: str, baseline: str = BASELINE
     return b.loc[common], t.loc[common]
 
 
-def latency_summary(runs: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
-    """Per (workload, arm): paired speedups of e2e latency, TTFT and TPOT with 95% CIs, and agreement."""
+def latency_summary(runs: pd.DataFrame, baseline: str = BASELINE, confidence: float = 0.95) -> pd.DataFrame:
+    """Per (workload, arm): paired speedups of e2e latency, TTFT and TPOT with CIs at ``confidence`` (95%,
+    or corrected where a decision compares several), and agreement."""
     rows = []
     for (wl, arm), _ in runs.groupby(["workload", "arm"], sort=False):
         b, t = paired(runs, wl, arm, baseline)
-        e2e, ttft, tpot = (ratio_estimate(b[c].to_numpy(), t[c].to_numpy()) for c in ("e2e_s", "ttft_s", "tpot_s"))
+        e2e, ttft, tpot = (ratio_estimate(b[c].to_numpy(), t[c].to_numpy(), confidence=confidence)
+                           for c in ("e2e_s", "ttft_s", "tpot_s"))
         same = [x == y for x, y in zip(t.tokens, b.tokens, strict=True)]
         rows.append({
             "workload": wl, "arm": arm, "techniques": t.techniques.iloc[0], "lossless": bool(t.lossless.iloc[0]),

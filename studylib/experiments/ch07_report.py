@@ -22,6 +22,7 @@ from studylib.claims import (
     FAILS,
     INCONCLUSIVE,
     Verdict,
+    ci_level,
     decide_conditions,
     decide_parts,
     judge_at_least,
@@ -280,25 +281,40 @@ def judge_latency(stacks: pd.DataFrame, conditions: str) -> Verdict:
                           ">10x", conditions, cc.CHAPTER, unit="requests")
 
 
-def judge_quality(stacks: pd.DataFrame, conditions: str) -> Verdict:
-    """Per workload, the quality the chosen stack kept on the confirmation requests (lossless stacks:
-    exact greedy match with AR, per request; lossy: the worst of greedy agreement, task-score ratio and
-    1/perplexity ratio)."""
+def judge_quality(stacks: pd.DataFrame, conditions: str) -> list[Verdict]:
+    """Per workload, the quality the chosen stack kept on the confirmation requests.
+
+    A lossless stack (``binding`` "exact match") is an exactness check, not an estimate: its greedy output
+    equals AR's on every confirmation request or it does not (one mismatch fails it); a CI over ratios
+    that are all 1 would be a degenerate [1, 1]. A lossy stack is judged on the worst of greedy agreement,
+    task-score ratio and 1/perplexity ratio, with its CI. So the part is one row per kind of stack present:
+    an exactness row, a CI row, or both."""
     # A workload whose chosen stack is AR itself compares AR with AR: it cannot fail, so it is named and
     # left out of the conditions; when every stack is AR the row is shown and not counted.
     same = [r.workload for r in stacks.itertuples() if r.stack == cc.BASELINE]
     real = [r for r in stacks.itertuples() if r.stack != cc.BASELINE]
-    how = ("lossless stacks: exact greedy match with AR; lossy: the worst of greedy agreement, task-score ratio and "
-           "1/perplexity ratio")
-    if not real:
-        est = {r.workload: _est(r.quality, r.q_low, r.q_high, r.requests) for r in stacks.itertuples()}
-        return judge_at_least("C7", "quality retained: every chosen stack is AR itself, compared with AR", est,
-                              QUALITY_BAR, ">99%", f"{conditions}; {how}", cc.CHAPTER, unit="requests",
-                              by_construction=True)
-    est = {r.workload: _est(r.quality, r.q_low, r.q_high, r.requests) for r in real}
     left = f"not counted, AR compared with itself: {', '.join(same)}" if same else ""
-    return judge_at_least("C7", "quality retained by the chosen stack (worst measure)", est, QUALITY_BAR, ">99%",
-                          "; ".join(x for x in (conditions, how, left) if x), cc.CHAPTER, unit="requests")
+    if not real:
+        checks = {r.workload: r.quality >= 1.0 for r in stacks.itertuples()}
+        return [judge_checks("C7", "quality retained: every chosen stack is AR itself, compared with AR", checks,
+                             ">99%", conditions, cc.CHAPTER, role="part", unit="requests",
+                             n=int(stacks.requests.sum()), by_construction=True)]
+    exact = [r for r in real if r.binding == "exact match"]
+    lossy = [r for r in real if r.binding != "exact match"]
+    rows = []
+    if exact:
+        checks = {f"{r.workload} ({r.stack}): {r.quality:.0%} of {int(r.requests)} identical": r.quality >= 1.0
+                  for r in exact}
+        rows.append(judge_checks("C7", "greedy output of the chosen lossless stack identical to AR on every "
+                                 "confirmation request", checks, ">99%", "; ".join(x for x in (conditions, left) if x),
+                                 cc.CHAPTER, role="part", unit="requests", n=int(sum(r.requests for r in exact))))
+    if lossy:
+        est = {r.workload: _est(r.quality, r.q_low, r.q_high, r.requests) for r in lossy}
+        how = "the worst of greedy agreement, task-score ratio and 1/perplexity ratio"
+        rows.append(judge_at_least("C7", "quality retained by the chosen lossy stack (worst measure)", est,
+                                   QUALITY_BAR, ">99%", "; ".join(x for x in (conditions, how, left) if x),
+                                   cc.CHAPTER, unit="requests"))
+    return rows
 
 
 def judge_throughput(tsum: pd.DataFrame, conditions: str, policy: str = "continuous + radix") -> Verdict:
@@ -327,7 +343,7 @@ def judge_c7(stacks: pd.DataFrame, tsum: pd.DataFrame, conditions: str, serving:
     chosen stack, confirmation run); throughput on the serving stack. "End-to-end latency" has a second
     reading, what a user waits for at a given load (chapter 5's latency under load): when chapter 5 has
     measured it, it is a fourth part. The decision is the weakest part."""
-    parts = [judge_quality(stacks, conditions), judge_latency(stacks, conditions),
+    parts = [*judge_quality(stacks, conditions), judge_latency(stacks, conditions),
              judge_throughput(tsum, f"{conditions}; {serving}")]
     if under_load:
         parts.append(judge_latency_under_load(under_load, serving))
@@ -346,8 +362,18 @@ def _ci(value, low, high) -> str:
     return f"{value:.2f} [{low:.2f}, {high:.2f}]"
 
 
+def c8_confidence() -> float:
+    """The level of every CI C8@7's checks compare: Bonferroni over the interactions it declares (each a
+    condition that could carry the decision on its own)."""
+    from studylib.claims import corrected_confidence
+    from studylib.decisions import declared
+
+    return corrected_confidence(declared("C8", cc.CHAPTER).tried)
+
+
 def c8_checks(spec_gain: pd.DataFrame, prefix: pd.Series | None, sparse: pd.DataFrame,
-              interactions: pd.DataFrame, delta: float = EQUIVALENCE_DELTA) -> dict[str, dict]:
+              interactions: pd.DataFrame, delta: float = EQUIVALENCE_DELTA,
+              confidence: float = 0.95) -> dict[str, dict]:
     """The interaction checks, each named with the numbers that decide it, its unit and n, and whether
     it is measured. Each entry: ``passed`` (the rule), ``checks`` (the named conditions behind it),
     ``measured``, ``kind`` (``C8_PREFIX``/``C8_SPARSE``/``C8_STACK``, or "model"), ``n``, ``unit``,
@@ -385,12 +411,12 @@ def c8_checks(spec_gain: pd.DataFrame, prefix: pd.Series | None, sparse: pd.Data
         wrong = (band_state(ttft[1], ttft[2], 1 + delta, math.inf) == "outside"
                  or band_state(tpot[1], tpot[2], 1 - delta, 1 + delta) == "outside")
         neither = not all(rule["not_tpot"].values()) and not wrong
-        checks[f"{C8_PREFIX} ({prefix.workload}: TTFT gain {_ci(*ttft[:3])}, TPOT gain {_ci(*tpot[:3])}, 95% CIs, "
-               f"n={int(prefix.requests)} requests; delta = {delta:g})"] = {
+        checks[f"{C8_PREFIX} ({prefix.workload}: TTFT gain {_ci(*ttft[:3])}, TPOT gain {_ci(*tpot[:3])}, "
+               f"{ci_level(confidence)} CIs, n={int(prefix.requests)} requests; delta = {delta:g})"] = {
             "passed": all(rule["not_tpot"].values()), "checks": rule["not_tpot"], "measured": True, "kind": C8_PREFIX,
-            "n": int(prefix.requests), "unit": "requests", "estimate": _est(*tpot),
+            "n": int(prefix.requests), "unit": "requests", "estimate": _est(*tpot), "confidence": confidence,
             "tpot_too": all(rule["tpot_too"].values()), "delta": delta, "neither": neither}
-    growth = sparse_growth(sparse) if len(sparse) and "prompt" in sparse else None
+    growth = sparse_growth(sparse, confidence=confidence) if len(sparse) and "prompt" in sparse else None
     if growth is not None:
         name = f"CI of (gain at {growth['longest']} / gain at {growth['shortest']}) above 1"
         # a gain that grows from 0.5x to 0.8x is a loss that shrinks: the claim needs a gain at the long context
@@ -399,10 +425,11 @@ def c8_checks(spec_gain: pd.DataFrame, prefix: pd.Series | None, sparse: pd.Data
         sub = {name: bool(growth["ci_low"] > 1), at_long: bool(gain_low > 1)}
         passed = all(sub.values())
         checks[f"{C8_SPARSE} (per prompt, decode speed-up at {growth['longest']} tokens / at {growth['shortest']}: "
-               f"{_ci(growth['value'], growth['ci_low'], growth['ci_high'])}, 95% CI, n={growth['n']} prompts; "
+               f"{_ci(growth['value'], growth['ci_low'], growth['ci_high'])}, {ci_level(confidence)} CI, "
+               f"n={growth['n']} prompts; "
                f"median speed-ups {growth['gain_shortest']:.2f}x -> {growth['gain_longest']:.2f}x)"] = {
             "passed": passed, "checks": sub, "measured": True, "kind": C8_SPARSE, "n": int(growth["n"]),
-            "unit": "prompts", "estimate": _est(growth["value"], growth["ci_low"], growth["ci_high"], growth["n"])}
+            "unit": "prompts", "confidence": confidence, "estimate": _est(growth["value"], growth["ci_low"], growth["ci_high"], growth["n"])}
     if len(interactions):
         need = min_units("requests")
         conf = float(interactions.confidence.iloc[0]) if "confidence" in interactions else 0.95
@@ -428,6 +455,12 @@ def c8_checks(spec_gain: pd.DataFrame, prefix: pd.Series | None, sparse: pd.Data
     return checks
 
 
+def _c8_tried() -> int:
+    from studylib.decisions import declared
+
+    return declared("C8", cc.CHAPTER).tried
+
+
 def judge_c8(checks: Mapping[str, dict], conditions: str) -> list[Verdict]:
     """One decision over the measured interactions, each a condition of its own (declared as C8@7);
     every row compares CIs (``exact=False``), so below its unit's minimum n it is inconclusive whichever
@@ -439,9 +472,11 @@ def judge_c8(checks: Mapping[str, dict], conditions: str) -> list[Verdict]:
     for name, v in measured.items():
         row = judge_checks("C8", name, v.get("checks") or {name: v["passed"]}, "gains are local and interact",
                            conditions, cc.CHAPTER, measured=v.get("estimate"), n=v.get("n"), unit=v.get("unit"),
-                           exact=False, confidence=v.get("confidence", 0.95))
+                           exact=False, confidence=v.get("confidence", 0.95),
+                           tried=_c8_tried() if v.get("confidence", 0.95) != 0.95 else None)
         if row.confidence != 0.95:  # the note goes last, after the checks' own
-            row.conditions = f"{row.conditions}; {row.confidence:.1%} CIs: one CI per workload tried, Bonferroni-corrected"
+            row.conditions = (f"{row.conditions}; {ci_level(row.confidence)} CIs, Bonferroni-corrected for the "
+                              "interactions (and workloads) tried")
         if v.get("neither") and row.verdict == FAILS:
             # an equivalence CI across the band's edge is no evidence either way
             row = dataclasses.replace(row, verdict=INCONCLUSIVE, conditions=f"{row.conditions}; neither: a CI "

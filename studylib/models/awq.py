@@ -47,6 +47,7 @@ model is only the same function again once the returned blocks replace its linea
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -158,6 +159,15 @@ def awq_fold(model, calibration: torch.Tensor | None = None):
     gen = torch.Generator().manual_seed(0)
     weights: dict[str, torch.Tensor] = {}
     alphas: dict[str, float] = {}
+    # The grid search is most of AWQ's cost and its outcome (one alpha per linear) depends only on the
+    # model's weights, the calibration ids and this module: a fresh process (a whole run) that loads the
+    # same arm again reuses the chosen alphas. Each linear still runs search_scales, over its one alpha,
+    # with the same sampled rows, so the scales and the blocks are the very ones the full search gives.
+    key = _alpha_key(model, ids)
+    chosen = _cached_alphas(key)
+
+    def grid(name: str):
+        return (chosen[name],) if chosen is not None and name in chosen else ALPHAS
     with torch.no_grad():
         for i, layer in enumerate(model.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
@@ -167,21 +177,66 @@ def awq_fold(model, calibration: torch.Tensor | None = None):
             st_qkv, st_gu, st_down = (stats[id(w)] for w in (attn.qkv_weight, mlp.gate_up_weight,
                                                                mlp.down_proj.weight))
             # down first: its 1/s goes into the up rows of gate_up, which is searched afterwards.
-            alphas[f"{i}.down"], s, _ = search_scales(st_down.sample(gen), down, st_down.mean())
+            alphas[f"{i}.down"], s, _ = search_scales(st_down.sample(gen), down, st_down.mean(), grid(f"{i}.down"))
             weights[f"{i}.down"] = down * s[None, :]
             inter = gate_up.shape[0] // 2  # gate rows, then up rows
             gate_up = torch.cat([gate_up[:inter], gate_up[inter:] / s[:, None]])
             # gate_up: input is post_attention_layernorm's output, unchanged by the fold above.
-            alphas[f"{i}.gate_up"], s, _ = search_scales(st_gu.sample(gen), gate_up, st_gu.mean())
+            alphas[f"{i}.gate_up"], s, _ = search_scales(st_gu.sample(gen), gate_up, st_gu.mean(),
+                                                        grid(f"{i}.gate_up"))
             weights[f"{i}.gate_up"] = gate_up * s[None, :]
             layer.post_attention_layernorm.weight.data.div_(s.to(layer.post_attention_layernorm.weight.dtype))
-            alphas[f"{i}.qkv"], s, _ = search_scales(st_qkv.sample(gen), qkv, st_qkv.mean())
+            alphas[f"{i}.qkv"], s, _ = search_scales(st_qkv.sample(gen), qkv, st_qkv.mean(), grid(f"{i}.qkv"))
             weights[f"{i}.qkv"] = qkv * s[None, :]
             layer.input_layernorm.weight.data.div_(s.to(layer.input_layernorm.weight.dtype))
             # o_proj: no per-channel producer to fold into (v -> softmax -> grouped heads): plain RTN.
             weights[f"{i}.o"] = attn.o_proj.weight.detach().float()
     _log.debug("awq alphas: %s", alphas)
+    if chosen is None:
+        _store_alphas(key, alphas)
     return weights, alphas
+
+
+def _alpha_key(model, ids: torch.Tensor) -> str:
+    """What the chosen alphas depend on: every weight of the model, the calibration ids, this module's
+    source and the grid."""
+    import hashlib
+    from pathlib import Path
+
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(repr(ALPHAS).encode())
+    h.update(ids.long().contiguous().numpy().tobytes())
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().float().contiguous().numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
+def _cached_alphas(key: str) -> dict[str, float] | None:
+    import json
+
+    from studylib.cache import cache_dir
+
+    if os.environ.get("STUDYLIB_AWQ_CACHE", "1") == "0":
+        return None
+    path = cache_dir("awq") / f"{key}.json"
+    try:
+        return {k: float(v) for k, v in json.loads(path.read_text()).items()}
+    except (OSError, ValueError):
+        return None
+
+
+def _store_alphas(key: str, alphas: dict[str, float]) -> None:
+    import json
+
+    from studylib.cache import cache_dir
+
+    if os.environ.get("STUDYLIB_AWQ_CACHE", "1") == "0":
+        return
+    path = cache_dir("awq") / f"{key}.json"
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(alphas))
+    tmp.replace(path)
 
 
 def awq_quantise(model, calibration: torch.Tensor | None) -> dict[str, QuantTensor]:
