@@ -62,6 +62,9 @@ nav.book.bottom { border-top: 1px solid #e1e4e8; border-bottom: none; margin-top
 .summary ul { margin: 0.2em 0; padding-left: 1.2em; }
 .same-kind { border-left: 3px solid #c8d1dc; padding: 0.1em 0.9em; margin: 0.6em 0; font-size: 0.92em; }
 .same-kind h4 { margin: 0.3em 0; font-size: 1em; } .same-kind ul { margin: 0.2em 0 0.4em; padding-left: 1.2em; }
+.instrument { border-left: 3px solid #d9c8a8; padding: 0.1em 0.9em; margin: 0.6em 0; font-size: 0.92em; }
+.instrument h4 { margin: 0.3em 0; font-size: 1em; }
+table.card td, table.card th { padding: 0.15em 0.5em; text-align: left; vertical-align: top; }
 .settings { font-size: 0.85em; color: #555; margin: 0.3em 0 1em; }
 /* A table fits its container: a cell may break anywhere, so a wide table wraps instead of running out of
    its box (tests/test_book_browser.py measures every table against its container). A cell that is one
@@ -528,7 +531,7 @@ def chapter_list(out: Path, executed: Mapping[int, Any] | None = None) -> list[t
 
 def build_book(out: str | Path, index: Mapping[str, Any] | None = None) -> list[Path]:
     """Re-render every chapter page and the front page from what ``out`` holds; runs nothing."""
-    from studylib.workbook import same_kind
+    from studylib.workbook import instrument, same_kind
     from studylib.workbook.front import write_front_page
     from studylib.workbook.runner import read_index
 
@@ -538,13 +541,15 @@ def build_book(out: str | Path, index: Mapping[str, Any] | None = None) -> list[
     executed = executed_notebooks(out)
     chapters = chapter_list(out, executed)
     shared = same_kind.figures(out)  # read once for every page
-    written = []
+    card = instrument.card(out)
+    written = [instrument.write(out)] if card["lines"] else []
     for c, _ in chapters:
         nn = f"ch{c:02d}"
         data = load_chapter(out / f"{nn}.json") if (out / f"{nn}.json").exists() else None
         dirty = bool((records.get(str(c)) or {}).get("dirty_tree"))
         written.append(atomic_write(out / f"{nn}.html", render_chapter(executed[c], data, chapters, c, dirty=dirty,
-                                                                      same_kind=same_kind.block(out, c, shared))))
+                                                                      same_kind=same_kind.block(out, c, shared)
+                                                                      + instrument.block(out, c, card))))
     from studylib.sweep.page import sweep_dirs, write_sweep_page
 
     written += [write_sweep_page(d) for d in sweep_dirs(out)]

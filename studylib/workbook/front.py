@@ -58,6 +58,8 @@ blockquote.source { border-left: 3px solid #0b5cad; background: #f7f9fc; margin:
 pre.cmd { background: #f6f8fa; border: 1px solid #e1e4e8; border-radius: 4px; padding: 8px 10px; overflow-x: auto;
        font-size: 0.85em; }
 details.all summary { cursor: pointer; font-weight: bold; }
+table.card { border-collapse: collapse; font-size: 0.88em; } table.card td, table.card th { padding: 3px 7px;
+       border-top: 1px solid #ddd; text-align: left; vertical-align: top; } table.card th { background: #f0f0f0; }
 """
 
 _SEARCH_JS = """
@@ -339,6 +341,12 @@ def search_index(chapters: Sequence[tuple[int, str]], executed: Mapping[int, Any
     return entries
 
 
+def instrument_block(out: Path) -> str:
+    from studylib.workbook import instrument
+
+    return instrument.block(out)
+
+
 def _spread(out: Path) -> str:
     """Why the same kind of number differs between chapters: each figure beside its conditions, read from the
     chapters' saved results (``same_kind``), then the decoders' speed-ups, which depend on the workload."""
@@ -412,6 +420,12 @@ def write_front_page(out: Path, index: Mapping[str, Any], chapters: Sequence[tup
         "<ul id='hits'></ul>",
         "<script type='application/json' id='search-index'>"
         + json.dumps(search_index(chapters, executed), ensure_ascii=False).replace("</", "<\\/") + "</script>",
+        *(["<h2 id='instrument'>The instrument card</h2>",
+           "<p>The numbers of the machine that every verdict rests on, each from the chapter that measured it, beside "
+           "its engine, context and how it was measured (<code>instrument.json</code> holds the same lines). The "
+           "same kind of number differs between chapters because the engine, the arithmetic or the context "
+           "differs; a line that says &ldquo;one process&rdquo; is a repeat inside one run, not a whole run.</p>",
+           card] if (card := instrument_block(out)) else []),
         "<h2>Reading numbers across chapters</h2>",
         "<p>Where two chapters report the same kind of number, they measure it under different conditions, and "
         "each chapter names its own beside the number:</p>", _spread(out),

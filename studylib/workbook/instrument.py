@@ -1,0 +1,255 @@
+"""The instrument card: the machine-level numbers of one reproduce run, gathered on one card.
+
+Every chapter times its techniques on the same instrument, a 2-core CPU reading weights from memory, and
+the chapters' verdicts rest on a handful of machine-level numbers: the read bandwidth, the time of a
+one-row decode step, v(k) (what a step of k rows costs in one-row steps) and c (what a draft forward
+costs in target steps). Each chapter measures the ones it needs, under its own conditions (engine,
+arithmetic, context), so the same kind of number appears several times with different values. The card
+puts them side by side, each with the chapter that measured it, its conditions and how it was measured
+(whole runs in fresh processes, or repeats inside one process), so a reader sees that 2.55 and 4.61 are
+v(16) of two engines at two contexts rather than two answers to one question.
+
+The card reads the chapters' saved results (``chNN.json``) and computes nothing new: it is a view, and
+never feeds a verdict. ``card`` returns it as data (written beside the pages as ``instrument.json``),
+``block`` as HTML: the whole card on the front page, and on each chapter page the lines that chapter
+measured plus the bandwidth its own whole runs saw.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+CHAPTERS = range(1, 9)
+KINDS = ("bandwidth", "step", "v", "c")
+KIND_TITLES = {
+    "bandwidth": "Read bandwidth (GB/s), measured at the start of each whole run",
+    "step": "One-row decode step (ms)",
+    "v": "v(k): a step of k rows, in one-row steps",
+    "c": "c: one draft forward, in target steps",
+}
+
+
+def _finite(*xs: Any) -> bool:
+    return all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in xs)
+
+
+def _chapter(out: Path, chapter: int) -> Mapping[str, Any] | None:
+    f = Path(out) / f"ch{chapter:02d}.json"
+    return json.loads(f.read_text(encoding="utf-8")) if f.exists() else None
+
+
+def _line(kind: str, chapter: int, what: str, value: float, low: float | None = None, high: float | None = None,
+          n: int | None = None, how: str = "", **extra: Any) -> dict[str, Any]:
+    ci = [float(low), float(high)] if _finite(low, high) else None
+    return {"kind": kind, "chapter": chapter, "what": what, "value": float(value), "ci": ci,
+            "n": None if n is None else int(n), "how": how, **extra}
+
+
+def _engine(params: Mapping[str, Any]) -> str:
+    weights, act = params.get("weights"), params.get("act")
+    if weights and weights != "dense":
+        return f"{weights} weights, {act or 'fp32'} arithmetic"
+    return f"dense {params.get('dtype', 'float32')}"
+
+
+# ------------------------------------------------------------------------------------------ readers
+
+
+def _bandwidth(chapter: int, data: Mapping[str, Any]) -> list[dict]:
+    runs = ((data.get("measurements") or {}).get("whole_runs") or {}).get("runs") or []
+    out = []
+    for i, r in enumerate(runs, 1):
+        if _finite(r.get("bandwidth_gbs")):
+            load = (r.get("load_before") or [float("nan")])[0]
+            out.append(_line("bandwidth", chapter, f"whole run {i}", r["bandwidth_gbs"], n=1,
+                             how=f"fresh process, started {r.get('started', '?')}, 1-min load {load:.2f}",
+                             started=r.get("started"), load=load, run=i))
+    return out
+
+
+def _steps_and_v(chapter: int, data: Mapping[str, Any]) -> list[dict]:
+    m, p = data.get("measurements") or {}, data.get("params") or {}
+    out: list[dict] = []
+    if chapter == 1:
+        reps = p.get("rows_repeats")
+        for r in m.get("step_vs_rows") or []:
+            where = f"{r.get('engine')} ({r.get('kernel') or r.get('path')}), context {p.get('context')}"
+            how = f"median of {r.get('n') or reps} interleaved repeats in one process"
+            if r.get("rows") == 1 and _finite(r.get("ms")):
+                out.append(_line("step", 1, where, r["ms"], r.get("ms_low"), r.get("ms_high"), r.get("n"), how))
+            elif _finite(r.get("v")):
+                out.append(_line("v", 1, where, r["v"], r.get("v_low"), r.get("v_high"), r.get("n"), how,
+                                 k=int(r["rows"])))
+    elif chapter == 2:
+        # the EAGLE heads also ran on a second engine: the GGUF's weights with fp32 activations
+        second = "gguf weights, fp32 arithmetic"
+        for r in m.get("eagle_gguf_costs") or []:
+            if _finite(r.get("ar_ms_per_token")):
+                out.append(_line("step", 2, f"AR on {second}, chat prompts", r["ar_ms_per_token"],
+                                 how="AR's time per token over the prompts, one process"))
+                break
+        for r in m.get("eagle_trees") or []:
+            if _finite(r.get("v")) and r.get("verify_tokens"):
+                out.append(_line("v", 2, f"{r['method']} verification on {_engine(p)}", r["v"],
+                                 how="one process, over the chapter's prompts", k=int(r["verify_tokens"])))
+        for r in m.get("eagle_gguf_costs") or []:
+            if _finite(r.get("v")):
+                out.append(_line("v", 2, f"{r['method']} verification on {second}", r["v"],
+                                 how="one process, over the chapter's chat prompts"))
+    elif chapter == 3:
+        rows = [r for r in m.get("step_time_curve") or [] if _finite(r.get("seconds"))]
+        base = next((r for r in rows if r.get("T") == 1), None)
+        where = f"{_engine(p)}, context {p.get('curve_context')}"
+        how = f"median of {p.get('curve_repeats')} repeats in one process"
+        if base:
+            out.append(_line("step", 3, where, 1e3 * base["seconds"], 1e3 * base.get("lo", float("nan")),
+                             1e3 * base.get("hi", float("nan")), p.get("curve_repeats"), how))
+        for r in rows:
+            if r is not base and _finite(r.get("relative")):
+                out.append(_line("v", 3, where, r["relative"], how=how, k=int(r["T"])))
+    elif chapter == 5:
+        rows = [r for r in m.get("c8") or [] if _finite(r.get("step_ms"))]
+        one = next((r for r in rows if r.get("batch") == 1), None)
+        where = f"{_engine(p)}, {p.get('step_context')}-token context per sequence"
+        how = f"median of {p.get('step_repeats')} repeats in one process"
+        if one:
+            out.append(_line("step", 5, where, one["step_ms"], n=p.get("step_repeats"), how=how))
+            for r in rows:
+                if r is not one:
+                    out.append(_line("v", 5, where + " (k sequences, one token each)", r["step_ms"] / one["step_ms"],
+                                     how=how, k=int(r["batch"])))
+    elif chapter == 6:
+        dense: dict[int, list[float]] = {}
+        for r in m.get("decode") or []:
+            if r.get("pattern") == "dense" and _finite(r.get("ms_per_token")):
+                dense.setdefault(int(r["seq_len"]), []).append(float(r["ms_per_token"]))
+        for ctx, vals in sorted(dense.items()):
+            out.append(_line("step", 6, f"dense attention, {_engine(p)} per-op, context {ctx}",
+                             statistics.median(vals), n=len(vals), how=f"median of {len(vals)} repeats in one process"))
+    elif chapter == 8:
+        rows = [r for r in m.get("step_cost") or [] if _finite(r.get("ms"))]
+        for r in rows:
+            prefix = f"a {p['step_prefix']}-token prefix" if p.get("step_prefix") else "the chapter's fixed prefix"
+            where = f"{r['arm']}, after {prefix}"
+            how = f"median of {r.get('n') or p.get('step_repeats')} interleaved repeats in one process"
+            if r.get("rows") == 1:
+                out.append(_line("step", 8, where, r["ms"], r.get("ms_low"), r.get("ms_high"), r.get("n"), how))
+            elif _finite(r.get("verify_cost")):
+                out.append(_line("v", 8, where, r["verify_cost"], how=how, k=int(r["rows"])))
+    return out
+
+
+def _costs(chapter: int, data: Mapping[str, Any]) -> list[dict]:
+    m, p = data.get("measurements") or {}, data.get("params") or {}
+    out: list[dict] = []
+    if chapter == 2:
+        for r in m.get("draft_table") or []:
+            if _finite(r.get("measured_c")):
+                out.append(_line("c", 2, f"draft {r['draft']} on {_engine(p)}", r["measured_c"],
+                                 how="its forward over the target's, timed in one process"))
+        for rows, engine in ((m.get("eagle_trees") or [], _engine(p)),
+                             (m.get("eagle_gguf_costs") or [], "gguf weights, fp32 arithmetic")):
+            for r in rows:
+                if _finite(r.get("c")):
+                    out.append(_line("c", 2, f"{r['method']} head on {engine}", r["c"],
+                                     how="one head forward over one target step, one process"))
+    elif chapter == 5:
+        s = m.get("speculative_inputs") or {}
+        if _finite(s.get("draft_cost")):
+            out.append(_line("c", 5, f"{s.get('drafter')} (read from {s.get('source') or 'chapter 2'})",
+                             s["draft_cost"], how="read from chapter 2's results, not measured here"))
+    elif chapter == 7:
+        a = m.get("alpha") or {}
+        if _finite(a.get("cost_ratio")):
+            out.append(_line("c", 7, f"the stack's drafter ({a.get('source') or 'chapter 7'})", a["cost_ratio"],
+                             how=f"over {a.get('requests')} requests, one process"))
+    return out
+
+
+def card(out: Path) -> dict[str, Any]:
+    """The card of the run whose results are in ``out``: every line, then the bandwidth over every whole
+    run of every chapter (median, range, count): the one machine-level number all chapters share."""
+    lines: list[dict] = []
+    index = Path(out) / "index.json"
+    runs = (json.loads(index.read_text(encoding="utf-8")).get("chapters") or {}) if index.exists() else {}
+    for ch in CHAPTERS:
+        data = _chapter(out, ch)
+        if data:
+            # a chapter's JSON keeps the common parameters; the run's record in index.json has all of them
+            data = {**data, "params": {**((runs.get(str(ch)) or {}).get("params") or {}), **(data.get("params") or {})}}
+            lines += _bandwidth(ch, data) + _steps_and_v(ch, data) + _costs(ch, data)
+    bw = [x["value"] for x in lines if x["kind"] == "bandwidth"]
+    summary = ({"median": statistics.median(bw), "low": min(bw), "high": max(bw), "runs": len(bw),
+                "chapters": sorted({x["chapter"] for x in lines if x["kind"] == "bandwidth"})} if bw else None)
+    return {"bandwidth": summary, "lines": lines}
+
+
+def write(out: Path) -> Path:
+    path = Path(out) / "instrument.json"
+    path.write_text(json.dumps(card(out), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------------------------------------- HTML
+
+
+def _fmt(x: Mapping[str, Any]) -> str:
+    v = x["value"]
+    s = f"{v:.3g}"
+    if x.get("ci"):
+        s += f" [{x['ci'][0]:.3g}, {x['ci'][1]:.3g}]"
+    return s
+
+
+def _rows(lines: Iterable[Mapping[str, Any]], here: int | None) -> str:
+    out = []
+    for x in lines:
+        who = ("this chapter" if x["chapter"] == here else
+               f"<a href='ch{x['chapter']:02d}.html'>chapter {x['chapter']}</a>")
+        k = f"<td>{x['k']}</td>" if "k" in x else "<td></td>"
+        out.append(f"<tr><td>{who}</td>{k}<td>{html.escape(x['what'])}</td><td><b>{html.escape(_fmt(x))}</b></td>"
+                   f"<td>{html.escape(x['how'])}</td></tr>")
+    return "".join(out)
+
+
+def _bandwidth_sentence(c: Mapping[str, Any], chapter: int | None) -> str:
+    b = c.get("bandwidth")
+    if not b:
+        return ""
+    mine = [x["value"] for x in c["lines"] if x["kind"] == "bandwidth" and x["chapter"] == chapter]
+    s = (f"The read bandwidth, measured at the start of every whole run of every chapter: median "
+         f"<b>{b['median']:.3g} GB/s</b>, from {b['low']:.3g} to {b['high']:.3g} over {b['runs']} runs "
+         f"(chapters {', '.join(map(str, b['chapters']))}).")
+    if mine:
+        s += (f" This chapter's {len(mine)} runs saw {min(mine):.3g} to {max(mine):.3g} GB/s.")
+    return f"<p>{s}</p>"
+
+
+def block(out: Path, chapter: int | None = None, found: Mapping[str, Any] | None = None) -> str:
+    """HTML of the card: every line (``chapter`` None, the front page) or the lines ``chapter`` measured
+    (its page), each beside its conditions. ``found``: ``card(out)`` when the caller has read it already."""
+    c = card(out) if found is None else found
+    if not c["lines"]:
+        return ""
+    parts = [_bandwidth_sentence(c, chapter)]
+    for kind in KINDS[1:]:
+        lines = [x for x in c["lines"] if x["kind"] == kind and (chapter is None or x["chapter"] == chapter)]
+        if not lines:
+            continue
+        head = "<th>k</th>" if kind == "v" else "<th></th>"
+        parts.append(f"<p><b>{html.escape(KIND_TITLES[kind])}.</b></p><div class='table-wrap'><table class='card'>"
+                     f"<tr><th>measured in</th>{head}<th>engine and conditions</th><th>value</th><th>how</th></tr>"
+                     f"{_rows(lines, chapter)}</table></div>")
+    if chapter is None:
+        return "".join(parts)
+    if len(parts) == 1 and not parts[0]:
+        return ""
+    return ("<div class='instrument'><h4>The instrument card: what this chapter measured of the machine</h4>"
+            + "".join(parts) + "<p>The whole card, every chapter's lines side by side, is on the "
+            "<a href='index.html#instrument'>front page</a>.</p></div>")

@@ -1,0 +1,70 @@
+"""The instrument card (``workbook.instrument``): a view of the chapters' machine-level numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from studylib.workbook import instrument
+
+
+def _write(out: Path, chapter: int, measurements: dict, params: dict | None = None) -> None:
+    (out / f"ch{chapter:02d}.json").write_text(json.dumps({"chapter": chapter, "measurements": measurements,
+                                                           "params": {"profile": "t"}}))
+    index = out / "index.json"
+    data = json.loads(index.read_text()) if index.exists() else {"chapters": {}}
+    data["chapters"][str(chapter)] = {"params": params or {}}
+    index.write_text(json.dumps(data))
+
+
+def _runs(*gbs: float) -> dict:
+    return {"target": "m:f", "params": {}, "runs": [
+        {"started": f"2026-12-06T0{i}:00:00+00:00", "load_before": [0.5, 0.4, 0.3], "bandwidth_gbs": g, "metrics": {}}
+        for i, g in enumerate(gbs)]}
+
+
+def test_the_card_gathers_each_chapters_numbers_with_their_conditions(tmp_path):
+    _write(tmp_path, 1, {"whole_runs": _runs(20.0, 22.0, 21.0),
+                         "step_vs_rows": [{"rows": 1, "ms": 7.0, "ms_low": 6.9, "ms_high": 7.2, "n": 10,
+                                           "engine": "gguf int8", "kernel": "amx"},
+                                          {"rows": 16, "ms": 20.0, "v": 2.9, "v_low": 2.8, "v_high": 3.0, "n": 10,
+                                           "engine": "gguf int8", "kernel": "amx"}]},
+           {"context": 128, "rows_repeats": 10})
+    _write(tmp_path, 5, {"whole_runs": _runs(30.0, 31.0),
+                         "c8": [{"batch": 1, "step_ms": 6.0}, {"batch": 16, "step_ms": 18.0}],
+                         "speculative_inputs": {"draft_cost": 0.5, "drafter": "eagle", "source": "chapter 2"}},
+           {"weights": "gguf", "act": "int8", "step_context": 128, "step_repeats": 2})
+    card = instrument.card(tmp_path)
+    bw = card["bandwidth"]
+    assert bw["runs"] == 5 and bw["chapters"] == [1, 5] and bw["low"] == 20.0 and bw["high"] == 31.0
+    assert bw["median"] == 22.0
+    by = {(x["kind"], x["chapter"], x.get("k")): x for x in card["lines"]}
+    assert by[("step", 1, None)]["value"] == 7.0 and "context 128" in by[("step", 1, None)]["what"]
+    assert by[("v", 1, 16)]["ci"] == [2.8, 3.0] and "one process" in by[("v", 1, 16)]["how"]
+    assert by[("v", 5, 16)]["value"] == 3.0 and "gguf weights, int8" in by[("v", 5, 16)]["what"]
+    assert by[("c", 5, None)]["value"] == 0.5 and "not measured here" in by[("c", 5, None)]["how"]
+    assert "whole run" in by[("bandwidth", 1, None)]["what"]
+    # the JSON it writes is the same card
+    assert json.loads(instrument.write(tmp_path).read_text()) == json.loads(json.dumps(card))
+
+
+def test_a_chapter_page_shows_its_own_lines_and_the_front_page_all(tmp_path):
+    _write(tmp_path, 1, {"whole_runs": _runs(20.0, 22.0),
+                         "step_vs_rows": [{"rows": 1, "ms": 7.0, "engine": "e1", "kernel": "k"}]}, {"context": 64})
+    _write(tmp_path, 6, {"decode": [{"pattern": "dense", "seq_len": 1024, "ms_per_token": 40.0},
+                                    {"pattern": "dense", "seq_len": 1024, "ms_per_token": 42.0},
+                                    {"pattern": "sinks", "seq_len": 1024, "ms_per_token": 30.0}]}, {})
+    front = instrument.block(tmp_path)
+    assert "e1" in front and "context 1024" in front and "41" in front  # dense's median; the sparse row is no step
+    one = instrument.block(tmp_path, 1)
+    assert "e1" in one and "context 1024" not in one and "This chapter's 2 runs" in one
+    six = instrument.block(tmp_path, 6)
+    assert "context 1024" in six and "e1" not in six
+    # a chapter that measured none of it still ran on the instrument: its page shows the shared bandwidth
+    three = instrument.block(tmp_path, 3)
+    assert "median <b>21 GB/s</b>" in three and "<table" not in three and "This chapter's" not in three
+
+
+def test_no_results_no_card(tmp_path):
+    assert instrument.card(tmp_path) == {"bandwidth": None, "lines": []}
+    assert instrument.block(tmp_path) == ""
