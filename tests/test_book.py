@@ -71,7 +71,8 @@ def test_setup_cells_hidden_and_settings_in_appendix(tmp_path):
     page = (out / "ch01.html").read_text(encoding="utf-8")
     assert "import math" not in page and "plots.setup" not in page
     assert "secret_default" not in page and "secret_injected" not in page
-    assert "measure_things" in page and "<td data-short>42</td>" in page  # the work itself stays
+    # the work's output stays; its source (a call into the library) is in the notebook, not on the page
+    assert "measure_things" not in page and "<td data-short>42</td>" in page
     assert "Run: tiny" in page and "profile cpu" in page
     assert page.index("Run: tiny") < page.index("A section")
     assert "<details class='appendix'>" in page and "Appendix: every parameter" in page
@@ -309,3 +310,21 @@ def test_the_run_line_names_the_dot_product_path_of_int8_activations():
     plain = settings_line({"params": {"dtype": "float32", "device": "cpu"},
                            "provenance": {"cpu": "Xeon", "isa": {"label": "amx_bf16"}, "int8_kernel": "amx"}})
     assert "Xeon (ISA amx_bf16)" in plain
+
+
+def test_every_figure_gets_a_description_from_the_prose_that_introduces_it():
+    import nbformat
+
+    from studylib.workbook import book
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# Chapter 9: Things"),
+                nbformat.v4.new_markdown_cell("## 2. Step cost\n\nOne step of k rows, timed. More words here."),
+                nbformat.v4.new_code_cell("plot()", outputs=[nbformat.v4.new_output(
+                    "display_data", data={"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"})]),
+                nbformat.v4.new_code_cell("table()", outputs=[nbformat.v4.new_output(
+                    "display_data", data={"text/plain": "x"})])]
+    assert book.figure_captions(nb, "Chapter 9") == ["Figure in “2. Step cost”: One step of k rows, timed."]
+    body = book._notebook_body(nb, 9)
+    assert 'alt="Figure in “2. Step cost”: One step of k rows, timed."' in body
+    assert book.NO_ALT not in body and "plot()" not in body  # the code cell's source is not on the page

@@ -115,3 +115,12 @@ def test_words_a_reader_cannot_know(prose, found):
 def test_a_python_literal_in_a_sentence_is_found(html, found):
     got = page_defects(html)
     assert (len(got) == 1 and found in got[0]) if found else got == [], got
+
+
+def test_an_image_without_a_description_and_a_shown_code_cell_are_defects():
+    from studylib.workbook.page_check import NO_ALT, page_defects
+
+    assert any("without a description" in d for d in page_defects("<p>x</p><img src='a.png'>"))
+    assert any("without a description" in d for d in page_defects(f'<img src="a.png" alt="{NO_ALT}">'))
+    assert page_defects('<img src="a.png" alt="Step time against rows">') == []
+    assert any("code cell" in d for d in page_defects('<div class="jp-InputArea jp-Cell-inputArea">x</div>'))

@@ -434,7 +434,53 @@ def _notebook_body(nb: Any, chapter: int = 0, links: Sequence[int] = ()) -> str:
     exporter = HTMLExporter(template_name="basic", config=c)
     exporter.exclude_input_prompt = True
     exporter.exclude_output_prompt = True
+    # The pages are for reading: a code cell's source is one call into the library (the notebook is where
+    # to read it), so the page shows what it printed and drew, not the call.
+    exporter.exclude_input = True
     body, _ = exporter.from_notebook_node(nb)
+    return _alt_texts(body, figure_captions(nb, notebook_title(nb, f"Chapter {chapter}")))
+
+
+NO_ALT = "No description has been provided for this image"  # what nbconvert writes for an image without one
+
+
+def _plain(text: str, limit: int) -> str:
+    """Markdown to plain words (links to their text, no emphasis or code marks), cut at a word to ``limit``."""
+    text = re.sub(r"[`*_]|\[([^\]]*)\]\([^)]*\)", lambda m: m.group(1) or "", text).strip()
+    return text if len(text) <= limit else text[: limit - 1].rsplit(" ", 1)[0] + "…"
+
+
+def _first_sentence(text: str, limit: int = 220) -> str:
+    return _plain(re.split(r"(?<=[a-z)][.!?])\s", _plain(text, 10_000), maxsplit=1)[0], limit)
+
+
+def figure_captions(nb: Any, title: str) -> list[str]:
+    """A description for each image the page shows, in page order: the section it sits in and the first
+    sentence of the prose just before it (the text that introduces the figure)."""
+    section, lead, out = title, "", []
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            lines = [ln.strip() for ln in cell.source.splitlines() if ln.strip()]
+            heads = [ln.lstrip("#").strip() for ln in lines if ln.startswith("#")]
+            prose = [ln for ln in lines if not ln.startswith("#")]
+            if heads:
+                section = _plain(heads[-1], 120)
+                lead = ""
+            if prose:
+                lead = _first_sentence(" ".join(prose))
+        elif cell.cell_type == "code" and "studylib-remove" not in cell.metadata.get("tags", []):
+            for output in cell.get("outputs", []):
+                if "image/png" in (output.get("data") or {}):
+                    out.append(f"Figure in “{section}”" + (f": {lead}" if lead else ""))
+    return out
+
+
+def _alt_texts(body: str, captions: Sequence[str]) -> str:
+    """Put ``captions`` in place of nbconvert's placeholder, image by image in page order."""
+    for caption in captions:
+        if NO_ALT not in body:
+            break
+        body = body.replace(f'alt="{NO_ALT}"', f'alt="{html.escape(caption, quote=True)}"', 1)
     return body
 
 

@@ -8,7 +8,9 @@ The classes (each was on a committed page once):
 - a cell that reads "nan", "None", "<NA>" or "NaT" instead of saying what is missing;
 - a Python literal in a sentence ("every row should read ``True``") where the page's tables print yes/no;
 - words a reader cannot know: a path in the repository ("tests/test_serving.py") or the library's own
-  names for things ("ch07_stack.plan_stack", "judge_c1") where the page should say what they do.
+  names for things ("ch07_stack.plan_stack", "judge_c1") where the page should say what they do;
+- an image without a description (nbconvert's "No description has been provided for this image"), and a
+  code cell's source on the page (the page shows what the cell printed and drew; the notebook holds it).
 
 Code is allowed to be code: code cells, ``<pre>`` blocks, the appendix's table of every parameter and
 the settings line are not read. :func:`page_defects` returns one line per defect; ``studylib book``
@@ -136,7 +138,15 @@ def page_defects(html: str, params: Iterable[str] = ()) -> list[str]:
                        if n not in reader.vocabulary]
     reader.defects += [f"the Python literal {v!r} stands in a sentence; say it as the page's tables do "
                        "(yes / no / not measured)" for v in reader.literals if v not in reader.vocabulary]
+    missing = len(re.findall(r"<img(?![^>]*\balt=)[^>]*>", html)) + html.count(NO_ALT)
+    if missing:
+        reader.defects.append(f"{missing} image(s) without a description (alt text); give each its caption")
+    if re.search(r"class=\"[^\"]*jp-InputArea", html):
+        reader.defects.append("a code cell's source is shown; the page shows what it printed and drew")
     return list(dict.fromkeys(reader.defects))
+
+
+NO_ALT = "No description has been provided for this image"  # nbconvert's placeholder
 
 
 def book_defects(out) -> dict[str, list[str]]:
