@@ -328,3 +328,23 @@ def test_every_figure_gets_a_description_from_the_prose_that_introduces_it():
     body = book._notebook_body(nb, 9)
     assert 'alt="Figure in “2. Step cost”: One step of k rows, timed."' in body
     assert book.NO_ALT not in body and "plot()" not in body  # the code cell's source is not on the page
+
+
+def test_the_claims_figure_has_one_row_per_claim_and_chapter_with_the_part_that_decided_it():
+    from studylib.claims import FAILS, HOLDS, Verdict
+    from studylib.workbook.front import deciding_rows
+
+    def row(i, ch, role, verdict, metric, value=None, bar=None, by_construction=False):
+        return Verdict(i, "", metric, value, None if value is None else (value * 0.9, value * 1.1), "", verdict, "",
+                       ch, n=10, threshold=bar, direction="at_least" if bar else "check", role=role,
+                       by_construction=by_construction)
+
+    vs = [row("C1", 1, "decision", FAILS, "d1"), row("C1", 1, "part", HOLDS, "fit", 1.2, 1.0),
+          row("C1", 1, "part", FAILS, "weak", 0.5, 1.0), row("C1", 1, "part", FAILS, "weaker", 0.3, 1.0),
+          row("C6", 6, "decision", HOLDS, "d6"), row("C6", 6, "part", HOLDS, "a", 1.5, 1.0),
+          row("C6", 6, "part", HOLDS, "b", 3.0, 1.0), row("C6", 6, "part", HOLDS, "free", 9.0, 1.0, True),
+          row("C8", 7, "decision", HOLDS, "d8"), row("C8", 7, "part", HOLDS, "a check")]
+    got = [(d.id, p.metric) for d, p in deciding_rows(vs)]
+    # the weakest failing part decides a failure; the holding part furthest past its bar carries a hold
+    # (never one that holds by construction); a check-only claim is shown by its check
+    assert got == [("C1", "weaker"), ("C6", "b"), ("C8", "a check")]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -230,11 +231,33 @@ def claims_table(verdicts: Sequence[Verdict], chapters: Mapping[int, str]) -> st
             + "".join(rows) + "</table></div>")
 
 
+def deciding_rows(verdicts: Sequence[Verdict]) -> list[tuple[Verdict, Verdict]]:
+    """(decision, the part that decided it) for every claim and chapter, in claim order. The part is the one
+    whose verdict the decision took: for a decision that holds (or holds under conditions), the holding part
+    furthest past its bar; otherwise the weakest part with the decision's verdict. Parts that hold by
+    construction never decide. A decision without counted parts stands for itself."""
+    out = []
+    for d in sorted((v for v in verdicts if v.role == DECISION), key=lambda v: (int(v.id[1:]), v.chapter)):
+        parts = [p for p in verdicts if p.role != DECISION and p.id == d.id and p.chapter == d.chapter
+                 and not p.by_construction]
+        want = HOLDS if d.verdict in (HOLDS, CONDITIONAL) else d.verdict
+        same = [p for p in parts if p.verdict == want] or parts
+        if not same:
+            out.append((d, d))
+            continue
+        ratio = {id(p): (bar_ratio(p) or (float("nan"),))[0] for p in same}
+        ranked = sorted(same, key=lambda p: (math.isnan(ratio[id(p)]), ratio[id(p)]))
+        out.append((d, ranked[-1] if want == HOLDS and not math.isnan(ratio[id(ranked[-1])]) else ranked[0]))
+    return out
+
+
 def claims_figure(verdicts: Sequence[Verdict], path: Path) -> Path | None:
-    """One dot per measured row with a bar: measured ÷ claimed bar on a log axis, 95% CI as whiskers,
-    coloured by verdict; the vertical line at 1 is the bar."""
-    # rows that cannot fail decide nothing and are left out of the picture of what was tested
-    rows = [(v, r) for v in verdicts if not v.by_construction and (r := bar_ratio(v)) is not None]
+    """One row per claim and chapter: the part that decided it, as measured ÷ its bar on a log axis with its CI
+    as whiskers, coloured by the decision's verdict (the vertical line at 1 is the bar). A part that is a
+    check (all or nothing, no bar) stands at 1 as a square. Labels are whole, wrapped rather than cut."""
+    import textwrap
+
+    rows = deciding_rows(verdicts)
     if not rows:
         return None
     import matplotlib
@@ -246,21 +269,27 @@ def claims_figure(verdicts: Sequence[Verdict], path: Path) -> Path | None:
 
     sns.set_theme(style="whitegrid", context="notebook")
     colours = {HOLDS: "#1a7f37", CONDITIONAL: "#9a6700", INCONCLUSIVE: "#6e6e9e", FAILS: "#c33"}
-    rows.sort(key=lambda vr: (int(vr[0].id[1:]), vr[0].chapter))
-    fig, ax = plt.subplots(figsize=(9, 0.42 * len(rows) + 1.4))
-    for i, (v, (m, lo, hi)) in enumerate(rows):
-        ax.errorbar(m, i, xerr=[[m - lo], [hi - m]], fmt="o", color=colours.get(v.verdict, "#555"), capsize=3)
-    # Shortened from the middle: a row's distinguishing words (the format, the method) sit at its end.
-    labels = [shorten_middle(f"{v.id} ch{v.chapter}: {v.metric}", 78) for v, _ in rows]
-    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    labels = [textwrap.fill(f"{d.id} (chapter {d.chapter}), {d.verdict}: {shown_metric(p)}", 62)
+              for d, p in rows]
+    fig, ax = plt.subplots(figsize=(10, sum(0.24 * (lb.count(chr(10)) + 1) + 0.14 for lb in labels) + 1.4))
+    for i, (d, p) in enumerate(rows):
+        colour = colours.get(d.verdict, "#555")
+        r = bar_ratio(p)
+        if r is None:
+            ax.plot(1.0, i, marker="s", mfc="white", mec=colour, mew=2, ms=8, ls="")
+        else:
+            m, lo, hi = r
+            ax.errorbar(m, i, xerr=[[m - lo], [hi - m]], fmt="o", color=colour, capsize=3)
+    ax.set_yticks(range(len(rows)), labels, fontsize=9)
     ax.invert_yaxis()
     ax.axvline(1.0, color="#222", lw=1)
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}x"))
     ax.xaxis.set_minor_formatter(NullFormatter())  # minor ticks unlabelled: their labels collided
-    ax.set_xlabel("measured ÷ the claim's bar (right of the line: bar met; whiskers: 95% CI)")
-    shown = {v.verdict for v, _ in rows}
+    ax.set_xlabel("the deciding part, measured ÷ its bar\n(right of the line: bar met; whiskers: its CI; "
+                  "a square: a check, no bar)")
+    shown = {d.verdict for d, _ in rows}
     handles = [plt.Line2D([], [], marker="o", ls="", color=c, label=k) for k, c in colours.items() if k in shown]
     ax.legend(handles=handles)
     fig.tight_layout()
