@@ -221,10 +221,17 @@ def test_the_printed_book_opens_with_the_front_matter_and_wraps_wide_tables(tmp_
     from studylib.workbook.book import PRINT_CSS, front_matter, write_print_page
     from studylib.workbook.front import shorten_middle
 
-    (tmp_path / "index.html").write_text("<html><body><h1>Study</h1><h2>The bottom line</h2><p>3 hold</p>"
-                                         "<h2>The chapters</h2><table>chapters</table><script>x</script></body></html>")
+    (tmp_path / "index.html").write_text(
+        "<html><body><h1>Study</h1><h2>The bottom line</h2><p>3 hold</p>"
+        "<h2>The chapters</h2><table>chapters</table><h2>Sweeps</h2><p>the sweep</p>"
+        "<h2>Search the chapters</h2><input id='search'><script>x</script>"
+        "<h2 id='instrument'>The instrument card</h2><p>the card</p>"
+        "<details class='all'><summary>Every verdict</summary><table>all rows</table></details></body></html>")
     (tmp_path / "ch01.html").write_text("<html><body><h1>Chapter 1</h1><p>body</p></body></html>")
-    assert "3 hold" in front_matter(tmp_path) and "chapters</table>" not in front_matter(tmp_path)
+    front = front_matter(tmp_path)
+    assert "3 hold" in front and "chapters</table>" not in front and "id='search'" not in front
+    # what a reader of paper needs stays: the sweeps, the card, and every verdict unfolded
+    assert "the sweep" in front and "the card" in front and "<details class='all' open>" in front
     text = write_print_page(tmp_path, [(1, "Chapter 1")]).read_text()
     assert text.index("3 hold") < text.index("Contents") < text.index("<p>body</p>")
     assert "overflow-wrap: anywhere" in PRINT_CSS and "@media print" in text

@@ -638,15 +638,25 @@ PRINT_CSS = """
 """
 
 
+# Front-page sections that serve a browser only: the chapter links (the book has its contents list) and the
+# search box (paper cannot be searched); both are dropped from the printed front matter.
+_SCREEN_ONLY = ("The chapters", "Search the chapters")
+
+
 def front_matter(out: Path) -> str:
-    """The front page's opening (the essay, what was run, the bottom line, the claims and the figure),
-    for the top of the printed book: a reader of the PDF meets the verdicts on page 1, not a contents list."""
+    """The front page for the top of the printed book: a reader of the PDF meets the verdicts on page 1,
+    then everything the front page holds for a reader (the essay, what was run, the claims figure, the
+    sweeps, the instrument card, how numbers differ across chapters, how to rerun it, and every verdict
+    with its parts, unfolded), without the parts that only work on a screen."""
     index = out / "index.html"
     if not index.exists():
         return "<h1>Fast LLM inference: a reproducible study</h1>"
     body = index.read_text(encoding="utf-8").split("<body>", 1)[-1].rsplit("</body>", 1)[0]
     body = re.sub(r"<script.*?</script>", "", body, flags=re.S)
-    return "<section class='front'>" + body.split("<h2>The chapters</h2>", 1)[0] + "</section>"
+    for title in _SCREEN_ONLY:
+        body = re.sub(rf"<h2[^>]*>{re.escape(title)}</h2>.*?(?=<h2|<details class='all'|$)", "", body, flags=re.S)
+    body = body.replace("<details class='all'>", "<details class='all' open>")
+    return "<section class='front'>" + body + "</section>"
 
 
 def print_pdf(out: Path, chromium: str | None = None) -> Path:
