@@ -451,7 +451,7 @@ def write_front_page(out: Path, index: Mapping[str, Any], chapters: Sequence[tup
         + json.dumps(search_index(chapters, executed), ensure_ascii=False).replace("</", "<\\/") + "</script>",
         *(["<h2 id='instrument'>The instrument card</h2>",
            "<p>The numbers of the machine that every verdict rests on, each from the chapter that measured it, beside "
-           "its engine, context and how it was measured (<code>instrument.json</code> holds the same lines). The "
+           "its engine, context and how it was measured (the same lines are saved as data beside this page). The "
            "same kind of number differs between chapters because the engine, the arithmetic or the context "
            "differs; a line that says &ldquo;one process&rdquo; is a repeat inside one run, not a whole run.</p>",
            card] if (card := instrument_block(out)) else []),
