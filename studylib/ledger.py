@@ -68,10 +68,12 @@ def read(path: str | Path | None = None) -> list[dict[str, Any]]:
 
 def same_code(entries: Iterable[Mapping[str, Any]], chapter: int, code: str | None, cpu: str | None,
               profile: str | None = None) -> list[Mapping[str, Any]]:
-    """The runs of ``chapter`` with this code fingerprint on this CPU model (and profile), oldest first:
-    only these are shown together."""
+    """The runs of ``chapter`` with this code fingerprint on this CPU model and profile, oldest first: only
+    these are shown together. A result without a profile (a toy study, a notebook run by hand) was never
+    published into the ledger, so it matches none of its runs."""
     return [e for e in entries if e.get("chapter") == chapter and code and e.get("code") == code
-            and e.get("cpu") == cpu and (profile is None or e.get("profile") == profile) and not e.get("dirty")]
+            and e.get("cpu") == cpu and profile is not None and e.get("profile") == profile
+            and not e.get("dirty")]
 
 
 def decisions_by_run(runs: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:

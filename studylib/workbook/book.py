@@ -613,6 +613,8 @@ def write_print_page(out: Path, chapters: Sequence[tuple[int, str]]) -> Path:
         body = re.sub(r"<nav class='book[^']*'>.*?</nav>", "", body, flags=re.S)
         parts.append(f"<section class='chapter' id='ch{c:02d}'>{body}</section>")
     style = ("section.chapter { break-before: page; } details.appendix { display: none; } "
+             # the front matter's wide tables (the card, every verdict) scroll on a screen as on the front page
+             ".table-wrap { max-width: 100%; overflow-x: auto; } pre.cmd { white-space: pre-wrap; overflow-wrap: anywhere; } "
              ".input_area pre { white-space: pre-wrap; } section.front h2 { break-after: avoid; } ")
     toc = "".join(f"<li><a href='#ch{c:02d}'>{html.escape(t)}</a></li>" for c, t in chapters)
     from pygments.formatters import HtmlFormatter
