@@ -42,6 +42,7 @@ from studylib.claims import (
     shown_condition,
 )
 from studylib.workbook.fonts import FONT_FAMILY, font_face_css
+from studylib.workbook.page_check import NO_ALT  # nbconvert's placeholder for an image without a description
 from studylib.workbook.paths import atomic_write
 
 FONT_STACK = (f'-apple-system, "Segoe UI", Helvetica, Arial, "Noto Sans CJK SC", "PingFang SC", '
@@ -441,7 +442,6 @@ def _notebook_body(nb: Any, chapter: int = 0, links: Sequence[int] = ()) -> str:
     return _alt_texts(body, figure_captions(nb, notebook_title(nb, f"Chapter {chapter}")))
 
 
-NO_ALT = "No description has been provided for this image"  # what nbconvert writes for an image without one
 
 
 def _plain(text: str, limit: int) -> str:

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import html
 import json
-import math
 import statistics
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from studylib.workbook.same_kind import _chapter_data as _chapter
+from studylib.workbook.same_kind import _finite
 
 CHAPTERS = range(1, 9)
 KINDS = ("bandwidth", "step", "v", "c")
@@ -33,15 +35,6 @@ KIND_TITLES = {
     "v": "v(k): a step of k rows, in one-row steps",
     "c": "c: one draft forward, in target steps",
 }
-
-
-def _finite(*xs: Any) -> bool:
-    return all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in xs)
-
-
-def _chapter(out: Path, chapter: int) -> Mapping[str, Any] | None:
-    f = Path(out) / f"ch{chapter:02d}.json"
-    return json.loads(f.read_text(encoding="utf-8")) if f.exists() else None
 
 
 def _line(kind: str, chapter: int, what: str, value: float, low: float | None = None, high: float | None = None,
