@@ -6,7 +6,7 @@ The rules (every later chapter inherits them):
 
 - A bar (``judge_at_least`` / ``judge_at_most``) is judged per condition (workload, configuration) on
   the 95% CI, never on the point estimate, and only from a CI over at least ``MIN_UNITS[unit]``
-  independent units (10 prompts/requests/documents, 5 whole-run repeats):
+  independent units (10 prompts/requests/documents, 5 whole runs):
   - **holds**: in every condition that was run, the CI clears the bar;
   - **holds under conditions**: the CI clears it in at least one named condition; the row lists where
     it does and where it does not;
@@ -47,6 +47,7 @@ from studylib.verdict import (  # noqa: F401  (the vocabulary, re-exported: chap
     FAILS,
     HOLDS,
     INCONCLUSIVE,
+    LEGACY_UNITS,
     MIN_UNITS,
     PART,
     ROLES,
@@ -100,7 +101,8 @@ def _point(value, lo, hi, n, mc_error=0.0, method=None) -> Point:
         if not (math.isnan(lo) or math.isnan(hi)):
             ci = (lo, hi)
     mc = float(mc_error) if mc_error is not None and not math.isnan(float(mc_error)) else 0.0
-    return Point(value, ci, None if n is None else int(n), mc, method)
+    # a table cell without a method reads NaN: no method, not a float where a name belongs
+    return Point(value, ci, None if n is None else int(n), mc, method if isinstance(method, str) else None)
 
 
 def _fmt(x: float) -> str:
@@ -152,7 +154,7 @@ def verdict_from_states(states: Sequence[str]) -> str:
 
 def min_units(unit: str) -> int:
     try:
-        return MIN_UNITS[unit]
+        return MIN_UNITS[LEGACY_UNITS.get(unit, unit)]
     except KeyError:
         raise ValueError(f"unknown unit {unit!r}; one of {sorted(MIN_UNITS)}") from None
 
@@ -175,8 +177,8 @@ def _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, cha
     if not points:
         raise ValueError("judge needs at least one estimate")
     states = {k: condition_state(p, threshold, direction, need) for k, p in points.items()}
-    # whole runs are counted only from a CI over whole runs: replays in one process are not repeats
-    not_runs = [k for k, p in points.items() if unit == "repeats" and p.ci is not None
+    # whole runs are counted only from a CI over whole runs: replays in one process are not runs
+    not_runs = [k for k, p in points.items() if unit == "whole runs" and p.ci is not None
                 and not (p.method or "").startswith(RUN_CI)]
     for k in not_runs:
         states[k] = UNDERSAMPLED
@@ -207,7 +209,7 @@ def _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, cha
         if under:
             notes.append(f"fewer than {need} {unit} or no CI on {', '.join(under)}")
     if not_runs:
-        notes.append("the CI is not over whole runs (fresh processes), so it counts no repeats"
+        notes.append("the CI is not over whole runs (fresh processes), so it counts no whole runs"
                      + (f" on {', '.join(not_runs)}" if not single else ""))
     if power is not None and not power.get("has_power", True) and verdict not in (FAILS, HOLDS) \
             and states.get(shown) != CLEARS:
@@ -224,7 +226,9 @@ def _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, cha
         notes.append(f"a CI bound lies within its Monte Carlo error of the bar on {', '.join(near)}, so it "
                      "neither clears nor misses it there")
     if p.method and p.method.startswith(RUN_CI) and p.n is not None:
-        notes.append(f"CI over {p.n} whole runs: {p.method}, exact if the log run medians are normal")
+        notes.append(f"CI over {p.n} whole runs: {p.method}; "
+                     + ("conservative if the log run values are normal and the declared sd is right"
+                        if "between-session" in p.method else "exact if the log run medians are normal"))
     return Verdict(claim_id, "", metric, p.value, p.ci, claimed, verdict, _join(conditions, *notes), chapter,
                    n=p.n, threshold=threshold, direction=direction, role=role, unit=unit,
                    by_construction=by_construction, confidence=confidence, tried=tried, power=power,

@@ -20,11 +20,13 @@ DECISION, PART = "decision", "part"
 ROLES = (DECISION, PART)
 
 # The fewest independent units a CI may rest on: per-request metrics need 10 prompts, requests or
-# documents; whole-run metrics (throughput at saturation, a fitted exponent) need 5 repeats of the run.
-MIN_UNITS = {"prompts": 10, "requests": 10, "documents": 10, "repeats": 5}
-# A "repeat" is a whole run: a fresh process that reloads the model (studylib.bench.whole_runs). Only a
-# CI computed over such runs (``studylib.bench.stats.run_estimate``, whose method is this) counts them;
+# documents; whole-run metrics (throughput at saturation, a fitted exponent) need 5 whole runs.
+MIN_UNITS = {"prompts": 10, "requests": 10, "documents": 10, "whole runs": 5}
+# A whole run (earlier pages called it a "repeat") is a fresh process that reloads the model
+# (studylib.bench.whole_runs). Only a CI computed over such runs (``studylib.bench.stats.run_estimate``, whose method is this) counts them;
 # replays inside one process are not independent runs of the machine.
+RUNS = "whole runs"
+LEGACY_UNITS = {"repeats": RUNS}  # the unit's earlier name, in reports and ledger lines written before
 RUN_CI = "t on the log of the per-run medians"
 
 

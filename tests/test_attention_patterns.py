@@ -391,9 +391,9 @@ def test_judge_c6_decides_on_one_frozen_configuration_with_both_parts():
     rows = ch06.judge_c6(ch06.document_summary(docs, conf), "synthetic", 8176, runs=runs)
     assert rows[0].role == "decision" and rows[0].verdict == CONDITIONAL and not rows[0].exploratory
     assert f"holds for: {q1}" in rows[0].conditions and f"{sinks} (does not hold)" in rows[0].conditions
-    assert {r.unit for r in rows[1:] if r.unit} == {"documents", "repeats"} and all(r.tried in (None, 3) for r in rows)
+    assert {r.unit for r in rows[1:] if r.unit} == {"documents", "whole runs"} and all(r.tried in (None, 3) for r in rows)
     speed = [r for r in rows if r.metric.startswith("decode speed-up")]
-    assert all(r.unit == "repeats" and r.n == 5 and r.confidence == pytest.approx(conf) for r in speed)
+    assert all(r.unit == "whole runs" and r.n == 5 and r.confidence == pytest.approx(conf) for r in speed)
     assert all("shown, not deciding" in r.conditions for r in speed)
     # without whole runs the documents' own timings count no repeats: nothing holds on them
     assert ch06.judge_c6(ch06.document_summary(docs, conf), "s", 8176)[0].verdict == INCONCLUSIVE

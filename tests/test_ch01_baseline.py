@@ -80,7 +80,7 @@ def test_judge_c1_is_decided_by_the_share_over_whole_runs(r2, share, expected):
     rows = ch01.judge_c1(fit_with(r2), share_with(share), "synthetic", runs_with(share), "5 whole runs")
     assert [v.role for v in rows] == ["decision", "part", "part"]
     assert rows[0].verdict == expected and rows[1].by_construction and not rows[2].by_construction
-    assert rows[2].n == 5 and rows[2].unit == "repeats" and rows[2].threshold == 0.5
+    assert rows[2].n == 5 and rows[2].unit == "whole runs" and rows[2].threshold == 0.5
     assert rows[2].ci_method.startswith("t on the log") and "shown, not deciding" in rows[2].conditions
     # the bars are the declared ones: the rows pass the declaration check
     from studylib.decisions import stamp
@@ -151,7 +151,7 @@ def test_judge_c2_over_whole_runs(fraction, intensity, expected):
     runs = run_estimate(fraction)
     rows = ch01.judge_c2(row, points, {"ridge_flop_per_byte": 3.0}, _kv(), "synthetic", runs, "runs", "gguf")
     assert rows[0].verdict == expected and rows[2].measured == pytest.approx(runs.value) and "gguf" in rows[2].metric
-    assert rows[1].by_construction and rows[3].by_construction and rows[2].unit == "repeats"
+    assert rows[1].by_construction and rows[3].by_construction and rows[2].unit == "whole runs"
     from studylib.decisions import stamp
     assert len(stamp(rows, 1)) == 4
 

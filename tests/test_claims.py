@@ -82,10 +82,10 @@ def test_conditions_give_all_four_verdicts():
 
 
 def test_at_most_mirrors_at_least():
-    assert judge_at_most("C6", "exponent", runs(1.05, 1.0, 1.1, 5), 1.2, "<2", "", 6, unit="repeats").verdict == HOLDS
-    assert judge_at_most("C6", "exponent", runs(1.15, 1.0, 1.3, 5), 1.2, "", "", 6, unit="repeats").verdict \
+    assert judge_at_most("C6", "exponent", runs(1.05, 1.0, 1.1, 5), 1.2, "<2", "", 6, unit="whole runs").verdict == HOLDS
+    assert judge_at_most("C6", "exponent", runs(1.15, 1.0, 1.3, 5), 1.2, "", "", 6, unit="whole runs").verdict \
         == INCONCLUSIVE
-    assert judge_at_most("C6", "exponent", runs(1.9, 1.8, 2.0, 5), 1.2, "", "", 6, unit="repeats").verdict == FAILS
+    assert judge_at_most("C6", "exponent", runs(1.9, 1.8, 2.0, 5), 1.2, "", "", 6, unit="whole runs").verdict == FAILS
     v = judge_at_most("C6", "ppl ratio", {"sinks": est(1.002, 0.999, 1.005), "window": est(2.0, 1.9, 2.1)},
                       1.01, "", "", 6, unit="documents")
     assert v.verdict == CONDITIONAL and v.direction == "at_most" and v.measured == 1.002
@@ -94,8 +94,8 @@ def test_at_most_mirrors_at_least():
 @pytest.mark.parametrize("unit", sorted(MIN_UNITS))
 def test_too_few_units_never_decide(unit):
     need = MIN_UNITS[unit]
-    assert need >= (5 if unit == "repeats" else 10)
-    make = runs if unit == "repeats" else est
+    assert need >= (5 if unit == "whole runs" else 10)
+    make = runs if unit == "whole runs" else est
     clear = make(5.0, 4.0, 6.0, n=need)
     assert judge_at_least("C5", "gain", clear, 1.0, "", "", 5, unit=unit).verdict == HOLDS
     few = make(5.0, 4.0, 6.0, n=need - 1)
@@ -148,7 +148,7 @@ def test_checks_are_all_or_nothing():
 def test_parts_are_decided_by_the_weakest():
     quality = judge_at_least("C7", "quality", est(1.0, 0.995, 1.0), 0.99, ">99%", "", 7)
     latency = judge_at_least("C7", "latency", est(1.6, 1.0, 3.9), 10.0, ">10x", "", 7)
-    thru = judge_at_least("C7", "throughput", est(2.6, 2.5, 2.7, 5), 8.0, "8-12x", "", 7, unit="repeats")
+    thru = judge_at_least("C7", "throughput", est(2.6, 2.5, 2.7, 5), 8.0, "8-12x", "", 7, unit="whole runs")
     rows = decide_parts("C7", "quality, latency and throughput at once", [quality, latency, thru], "", "stack X", 7)
     assert rows[0].role == DECISION and all(r.role == PART for r in rows[1:])
     assert rows[0].verdict == FAILS and "latency: does not hold" in rows[0].conditions
@@ -208,7 +208,7 @@ def test_verdict_validates_and_roundtrips():
 
 def test_tables_render(tmp_path):
     vs = [judge_at_least("C1", "R^2", est(0.999, 0.998, 0.9995), 0.99, ">=0.99", "cpu", 1),
-          judge_at_most("C6", "exponent", runs(1.9, 1.8, 2.0, 5), 1.2, "<2", "", 6, unit="repeats")]
+          judge_at_most("C6", "exponent", runs(1.9, 1.8, 2.0, 5), 1.2, "<2", "", 6, unit="whole runs")]
     html = verdict_table(vs).to_html()
     assert "verdict-table" in html and "does not hold" in html and "#f8d4d4" in html
     assert list(verdict_frame(vs)["verdict"]) == [HOLDS, FAILS]
@@ -225,7 +225,7 @@ def test_checks_that_compare_cis_need_their_units():
     assert judge_checks("C8", "x", {"x": False}, "", "", 7, n=10, unit="requests").verdict == FAILS
     few = judge_checks("C8", "x", {"x": True}, "", "", 7, n=3, unit="requests")
     assert few.verdict == INCONCLUSIVE and few.n == 3 and "3 < 10 requests" in few.conditions
-    assert judge_checks("C8", "x", {"x": False}, "", "", 7, n=3, unit="repeats", exact=False).verdict == INCONCLUSIVE
+    assert judge_checks("C8", "x", {"x": False}, "", "", 7, n=3, unit="whole runs", exact=False).verdict == INCONCLUSIVE
 
 
 def test_one_counterexample_decides_at_any_n_and_passing_checks_need_their_n():
@@ -300,9 +300,9 @@ def test_a_row_over_several_conditions_says_which_one_its_number_is():
 def test_repeats_count_only_from_a_ci_over_whole_runs():
     # five replays inside one process are not five runs of the machine: their CI counts no repeats
     replays = est(5.0, 4.0, 6.0, n=5)
-    row = judge_at_least("C5", "gain", replays, 1.0, "", "", 5, unit="repeats")
+    row = judge_at_least("C5", "gain", replays, 1.0, "", "", 5, unit="whole runs")
     assert row.verdict == INCONCLUSIVE and "not over whole runs" in row.conditions
-    assert judge_at_least("C5", "gain", runs(5.0, 4.0, 6.0), 1.0, "", "", 5, unit="repeats").verdict == HOLDS
+    assert judge_at_least("C5", "gain", runs(5.0, 4.0, 6.0), 1.0, "", "", 5, unit="whole runs").verdict == HOLDS
 
 
 def test_a_bound_within_its_monte_carlo_error_of_the_bar_neither_clears_nor_misses():

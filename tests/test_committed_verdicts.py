@@ -31,10 +31,10 @@ def test_every_deciding_machine_level_number_rests_on_whole_runs(path):
         machine = any(w in v["metric"] for w in SPEED) and v.get("direction") == "at_least"
         if not machine or v.get("by_construction") or v["id"] == "C7" and "under load" in v["metric"]:
             continue
-        assert v["unit"] == "repeats", f"{path.name}: {v['metric']!r} is decided over {v['unit']}, not whole runs"
+        assert v["unit"] == "whole runs", f"{path.name}: {v['metric']!r} is decided over {v['unit']}, not whole runs"
         if v.get("ci") is not None:
             assert (v.get("ci_method") or "").startswith(RUN_CI), f"{path.name}: {v['metric']!r}: {v.get('ci_method')}"
-            assert v["n"] >= MIN_UNITS["repeats"], f"{path.name}: {v['metric']!r} rests on {v['n']} runs"
+            assert v["n"] >= MIN_UNITS["whole runs"], f"{path.name}: {v['metric']!r} rests on {v['n']} runs"
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])

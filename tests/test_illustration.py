@@ -44,12 +44,12 @@ def test_enough_units_leave_the_frame_alone():
     out = ill.illustration(df, N, "prompts")
     assert out is df and list(out.columns) == list(_summary().columns) and not out.attrs
     assert "95% CI" in to_html(out) and "Illustration" not in to_html(out)
-    assert ill.illustration(df, MIN_UNITS["repeats"], "repeats") is df
+    assert ill.illustration(df, MIN_UNITS["whole runs"], "repeats") is df
 
 
 @pytest.mark.parametrize(("n", "unit", "expected"), [
     (N - 1, "prompts", True), (N, "prompts", False), (2, "trials", True), (N, "trials", False),
-    (MIN_UNITS["repeats"] - 1, "repeats", True), (MIN_UNITS["repeats"], "repeats", False), (9, "documents", True),
+    (MIN_UNITS["whole runs"] - 1, "repeats", True), (MIN_UNITS["whole runs"], "repeats", False), (9, "documents", True),
 ])
 def test_is_illustration_reads_min_units(n, unit, expected):
     assert ill.is_illustration(n, unit) is expected

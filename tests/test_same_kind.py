@@ -32,7 +32,7 @@ def _study(tmp_path):
                              {"treated": "continuous+radix", "baseline": "sequential", "gain": 6.7, "ci_low": 6.5,
                               "ci_high": 7.2, "repeats": 5}]},
                          "verdicts": [{"metric": "prefix cache: TTFT gain / TPOT gain, continuous at saturation",
-                                       "measured": 1.19, "ci": [1.18, 1.22], "n": 5, "unit": "repeats"}]})
+                                       "measured": 1.19, "ci": [1.18, 1.22], "n": 5, "unit": "whole runs"}]})
 
 
 def test_each_chapter_page_shows_its_own_figure_first_and_the_others_with_their_conditions(tmp_path):
@@ -42,7 +42,7 @@ def test_each_chapter_page_shows_its_own_figure_first_and_the_others_with_their_
     assert "system_prompt workload, one request at a time behind a 1024-token shared prompt, 88%" in page4
     assert "64 requests at once behind 4 shared 128-token prompts" in page4
     # chapter 5's figure is its own TTFT ratio, paired by repeat: median 2.0 / median 1.7
-    assert "<b>1.18x (95% CI" in page4 and "n=5 repeats" in page4
+    assert "<b>1.18x (95% CI" in page4 and "n=5 whole runs" in page4
     assert "<a href='ch05.html'>" in page4
     # chapter 5 appears in both kinds, but the throughput kind needs a second chapter to compare with
     assert "Throughput gain" not in same_kind.block(tmp_path, 5)
@@ -68,7 +68,7 @@ def test_chapter_7_reading_chapter_5s_runs_says_so(tmp_path):
         {"output_tokens": 16, "speedup": 1.6, "low": 1.5, "high": 1.7}],
         "confirmation": [{"workload": "system_prompt", "stack": "prefix cache", "ttft_speedup": 4.87}]},
         "verdicts": [{"metric": "throughput at saturation vs AR one at a time (x)", "measured": 6.7,
-                      "ci": [6.5, 7.2], "n": 5, "unit": "repeats",
+                      "ci": [6.5, 7.2], "n": 5, "unit": "whole runs",
                       "conditions": "continuous + radix; throughput measured in chapter 5 (...)"}]})
     kinds = {k.name: figs for k, figs in same_kind.figures(tmp_path)}
     ttft = kinds["Prefix-cache gain in time to first token"]

@@ -414,7 +414,7 @@ def test_c5_needs_both_gains_over_whole_runs():
         return WholeRuns("synthetic:run", {}, out)
 
     rows = ch05.judge_c5(runs5.gains_over_runs(runs(5, 10.0, 20.0, 40.0)), None, "c")
-    assert rows[0].verdict == HOLDS and [r.n for r in rows[1:]] == [5, 5] and rows[1].unit == "repeats"
+    assert rows[0].verdict == HOLDS and [r.n for r in rows[1:]] == [5, 5] and rows[1].unit == "whole runs"
     slow = runs(5, 10.0, 60.0, 40.0)  # continuous loses to static
     assert ch05.judge_c5(runs5.gains_over_runs(slow), None, "c")[0].verdict == FAILS
     assert ch05.judge_c5(runs5.gains_over_runs(runs(2, 10.0, 20.0, 40.0)), None, "c")[0].verdict == INCONCLUSIVE

@@ -64,7 +64,7 @@ def test_run_estimate_is_t_on_logs_and_says_so():
     assert (e.ci_low, e.ci_high) == pytest.approx((np.exp(logs.mean() - half), np.exp(logs.mean() + half)))
     assert e.n == 5 and "4 df" in e.method and e.mc_error == 0
     # the issue's five runs of the bandwidth fraction straddle 0.5: a rerun can no longer flip them
-    row = judge_at_least("C2", "fraction", e, 0.5, "", "", 1, unit="repeats")
+    row = judge_at_least("C2", "fraction", e, 0.5, "", "", 1, unit="whole runs")
     assert row.verdict == INCONCLUSIVE and row.ci_method.startswith("t on the log")
     with pytest.raises(ValueError):
         run_estimate([0.5, -1.0])
@@ -73,7 +73,7 @@ def test_run_estimate_is_t_on_logs_and_says_so():
 
 def test_a_wider_spread_between_runs_widens_the_ci_a_prompt_level_ci_never_sees():
     tight, spread = run_estimate([0.55, 0.551, 0.549, 0.55, 0.552]), run_estimate([0.51, 0.59, 0.53, 0.57, 0.55])
-    assert judge_at_least("C1", "s", tight, 0.5, "", "", 1, unit="repeats").verdict == HOLDS
+    assert judge_at_least("C1", "s", tight, 0.5, "", "", 1, unit="whole runs").verdict == HOLDS
     assert spread.ci_high - spread.ci_low > 10 * (tight.ci_high - tight.ci_low)
 
 
@@ -186,7 +186,7 @@ def _record(chapter=1, verdict="holds", code="c1", cpu="Xeon", commit="a" * 40, 
             "verdicts": [{"id": "C1", "role": "decision", "metric": "m", "measured": "1/1", "ci": None, "n": None,
                           "verdict": verdict, "by_construction": False},
                          {"id": "C1", "role": "part", "metric": "p", "measured": 0.6, "ci": [0.55, 0.65], "n": 5,
-                          "unit": "repeats", "verdict": verdict, "by_construction": False},
+                          "unit": "whole runs", "verdict": verdict, "by_construction": False},
                          {"id": "C1", "role": "part", "metric": "r2", "measured": 0.99, "ci": None, "n": 10,
                           "verdict": "holds", "by_construction": True}]}
 
@@ -275,7 +275,7 @@ def test_chapter_3_judges_its_speed_up_over_whole_runs():
                                    for v in (0.96, 1.08, 0.99, 1.05, 1.01)])
     rows = ch03.c3_verdicts(summary, m, speed_runs=ch03.speed_over_runs(spread, summary, m))
     speed = next(r for r in rows if r.metric.startswith("wall-clock"))
-    assert speed.unit == "repeats" and speed.n == 5 and speed.verdict == INCONCLUSIVE
+    assert speed.unit == "whole runs" and speed.n == 5 and speed.verdict == INCONCLUSIVE
     assert "shown, not deciding" in speed.conditions
     ok = ch03.c3_verdicts(summary, m, speed_runs=ch03.speed_over_runs(_speed_runs(1.3), summary, m))
     assert ok[0].verdict == HOLDS and len(decisions.stamp(ok, 3)) == len(ok)
@@ -302,5 +302,73 @@ def test_chapter_2_judges_both_temperatures_over_whole_runs():
     out = ch02.c3_verdicts(by, head, None, "greedy", t1=by, runs=runs)
     speed = [r for r in out if r.metric.startswith("wall-clock")]
     assert [r.metric[-3:] for r in speed] == ["T=0", "T=1"]
-    assert all(r.unit == "repeats" and r.n == 5 and r.verdict == FAILS for r in speed)
+    assert all(r.unit == "whole runs" and r.n == 5 and r.verdict == FAILS for r in speed)
     assert len(decisions.stamp(out, 2)) == len(out)
+
+
+# ------------------------------------------------------------------------------ between-session drift
+
+def test_the_declared_between_session_sd_widens_a_whole_run_ci_in_quadrature():
+    from scipy import stats as st
+
+    vals = [1.01, 1.02, 1.03, 1.02, 1.02]
+    bare, wide = run_estimate(vals), run_estimate(vals, session_sd=0.03)
+    logs = np.log(vals)
+    within = st.t.ppf(0.975, 4) * logs.std(ddof=1) / np.sqrt(5)
+    half = np.hypot(within, st.norm.ppf(0.975) * 0.03)
+    assert wide.value == pytest.approx(bare.value)
+    assert np.log(wide.ci_high / wide.value) == pytest.approx(half) and wide.ci_low < bare.ci_low
+    assert "between-session sd of 0.03" in wide.method and wide.method.startswith("t on the log")
+    with pytest.raises(ValueError):
+        run_estimate(vals, session_sd=-0.1)
+
+
+def test_a_speed_up_near_its_bar_reads_inconclusive_in_every_session_not_holds_in_one():
+    # two sessions of the same code: chapter 3's lookahead at 0.985 and at 1.020, each tight within its
+    # session; with the drift no session's CI clears the bar of 1, and neither misses it
+    for level in (0.985, 1.020):
+        runs = WholeRuns("t:x", {}, [{"metrics": {"speedup:xsum": level * f}} for f in
+                                    (0.995, 1.0, 1.005, 0.998, 1.002)])
+        row = judge_at_least("C3", "s", runs.estimate("speedup:xsum"), 1.0, "", "", 3, unit="whole runs")
+        assert row.verdict == INCONCLUSIVE, (level, row.ci)
+    # a number well clear of its bar still decides
+    far = WholeRuns("t:x", {}, [{"metrics": {"speedup:xsum": 1.6 * f}} for f in (0.99, 1.0, 1.01, 0.995, 1.005)])
+    assert judge_at_least("C3", "s", far.estimate("speedup:xsum"), 1.0, "", "", 3, unit="whole runs").verdict == HOLDS
+
+
+def test_numbers_against_the_machine_drift_more_than_arm_against_arm():
+    from studylib.bench import session_drift as sd
+
+    assert sd.kind_of("bandwidth_fraction:gguf") == sd.kind_of("bytes_share") == sd.VS_MACHINE
+    assert sd.kind_of("speedup:T0:chat") == sd.kind_of("gain:continuous/static") == sd.ARM_VS_ARM
+    runs = WholeRuns("t:x", {}, [{"metrics": {"bandwidth_fraction:gguf": 0.5 * f, "speedup:a": 0.5 * f}}
+                                 for f in (0.99, 1.0, 1.01, 0.995, 1.005)])
+    a, b = runs.estimate("bandwidth_fraction:gguf"), runs.estimate("speedup:a")
+    assert a.ci_high - a.ci_low > b.ci_high - b.ci_low
+
+
+def test_the_declared_drift_is_what_the_ledger_gave_before_it_was_declared():
+    # the declaration is derived, not chosen: the ledger's sessions up to AS_OF, rounded up
+    from studylib import ledger
+    from studylib.bench import session_drift as sd
+
+    est = sd.estimate_from_ledger(ledger.read())
+    assert sd.declared_from(est) == sd.DECLARED
+    assert all(sd.DECLARED[k] >= v["sd"] for k, v in est.items())
+
+
+def test_the_drift_estimate_keeps_the_last_run_of_a_chapter_per_commit_and_pools_by_kind():
+    from studylib.bench import session_drift as sd
+
+    def line(commit, written, c1, c3):
+        return {"chapter": 1, "profile": "cpu", "commit": commit, "written": written, "rows": [
+            {"id": "C1", "metric": "share", "measured": c1, "unit": "repeats"},
+            {"id": "C3", "metric": "speed", "measured": c3, "unit": "whole runs"},
+            {"id": "C3", "metric": "tokens", "measured": 9.0, "unit": "prompts"}]}
+
+    lines = [line("a", "2026-01-01", 0.1, 5.0),  # aborted, superseded by the rerun at the same commit
+             line("a", "2026-01-02", 0.5, 1.0), line("b", "2026-01-03", 0.5 * np.e ** 0.2, 1.0 * np.e ** 0.02),
+             line("c", "2030-01-01", 9.0, 9.0)]  # written after AS_OF: never feeds the declaration
+    est = sd.estimate_from_ledger(lines, as_of="2026-12-31")
+    assert est[sd.VS_MACHINE]["sd"] == pytest.approx(0.2 / np.sqrt(2)) and est[sd.VS_MACHINE]["df"] == 1
+    assert est[sd.ARM_VS_ARM]["sd"] == pytest.approx(0.02 / np.sqrt(2))

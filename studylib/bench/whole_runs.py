@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from studylib.bench.session_drift import sd_between
 from studylib.bench.stats import Estimate, no_ci, run_estimate
 from studylib.errors import StudylibError
 
@@ -59,7 +60,8 @@ class WholeRuns:
         return [float(r["metrics"][metric]) for r in self.runs]
 
     def estimate(self, metric: str, confidence: float = 0.95) -> Estimate:
-        """``metric``'s CI over the runs (t on the log of the per-run values). A run whose value is not a
+        """``metric``'s CI over the runs (t on the log of the per-run values, widened by the declared
+        between-session sd of its kind, ``session_drift``). A run whose value is not a
         positive number (a share that came out negative, a throughput of an empty share) leaves the
         metric without a CI, so the rules cannot decide on it, rather than stopping the chapter."""
         import math
@@ -67,7 +69,7 @@ class WholeRuns:
         vals = self.values(metric)
         if any(not math.isfinite(v) or v <= 0 for v in vals):
             return no_ci(len(vals), vals, confidence, "no CI: a run's value is not a positive number")
-        return run_estimate(vals, confidence)
+        return run_estimate(vals, confidence, session_sd=sd_between(metric))
 
     def get(self, metric: str, confidence: float = 0.95) -> Estimate | None:
         """``estimate(metric)``, or None when some run did not measure it (e.g. no bytes fit on a GPU)."""

@@ -252,10 +252,10 @@ def judge_c1(fit: dict, share: dict, conditions: str, share_runs=None, runs_note
     if share_runs is not None:
         bound = judge_at_least("C1", metric, share_runs, share_bar, "the step is bound by reading the weights",
                                "; ".join(p for p in (conditions, runs_note, _beside(share["estimate"])) if p),
-                               chapter=1, unit="repeats")
+                               chapter=1, unit="whole runs")
     else:
         bound = judge_at_least("C1", metric, share["estimate"], share_bar, "the step is bound by reading the weights",
-                               conditions, chapter=1, unit="repeats")
+                               conditions, chapter=1, unit="whole runs")
     return decide_parts("C1", "latency linear in steps AND the step memory-bound", [linear, bound],
                         CLAIMS["C1"].decides.split(";")[0], conditions, chapter=1)
 
@@ -298,10 +298,10 @@ def judge_c2(fraction_row, points: pd.DataFrame, probe: dict, kv: pd.DataFrame, 
     if fraction_runs is not None:
         traffic = judge_at_least("C2", metric, fraction_runs, bar, claimed,
                                  "; ".join(p for p in (conditions, runs_note, _beside(fraction_row.estimate)) if p),
-                                 chapter=1, unit="repeats")
+                                 chapter=1, unit="whole runs")
     else:
         traffic = judge_at_least("C2", metric, fraction_row.estimate, bar, claimed, conditions, chapter=1,
-                                 unit="repeats")
+                                 unit="whole runs")
     check = kv_check(kv)
     held = judge_checks("C2", "KV-cache memory follows the formula", check["rows"],
                         "held state grows with context x batch",

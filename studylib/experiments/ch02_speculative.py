@@ -257,7 +257,8 @@ def summarise(df: pd.DataFrame, by: str = "category") -> pd.DataFrame:
             rows.append({
                 by: key, "method": m, "prompts": len(gm), "speedup": sp.value, "speedup_lo": sp.ci_low,
                 "speedup_hi": sp.ci_high, "tokens_per_step": float(gm.tokens_per_step.mean()),
-                "tokens_per_step_lo": tps.ci_low, "tokens_per_step_hi": tps.ci_high, "alpha": _alpha(gm),
+                "tokens_per_step_lo": tps.ci_low, "tokens_per_step_hi": tps.ci_high,
+                "tokens_per_step_mc": tps.mc_error, "tokens_per_step_method": tps.method, "alpha": _alpha(gm),
                 "accept_rate": float(gm.accepted.sum() / gm.proposed.sum()) if gm.proposed.sum() else float("nan"),
                 "exact_match": float(gm.equal_to_ar.mean()), "mean_gamma": float(gm.mean_gamma.mean()),
             })
@@ -442,7 +443,10 @@ def c3_verdicts(by_workload: pd.DataFrame, headline: str, sampling: pd.DataFrame
         return {r.workload: (getattr(r, col), getattr(r, col + "_lo"), getattr(r, col + "_hi"), r.prompts)
                 for r in df.itertuples()}
 
-    parts.append(judge_at_least("C3", f"tokens per target forward, {headline}", per_workload(m, "tokens_per_step"),
+    tps = {r.workload: {"value": r.tokens_per_step, "ci_low": r.tokens_per_step_lo, "ci_high": r.tokens_per_step_hi,
+                        "n": r.prompts, "mc_error": getattr(r, "tokens_per_step_mc", 0.0),
+                        "method": getattr(r, "tokens_per_step_method", None)} for r in m.itertuples()}
+    parts.append(judge_at_least("C3", f"tokens per target forward, {headline}", tps,
                                 1.1, "several tokens per forward pass (> 1; bar 1.1)", conditions, CHAPTER))
     # The speed-ups are machine-level numbers: judged over whole runs (``runs``, t on the log of the run
     # medians), the main run's prompt-level CIs shown beside them; without runs they count no repeats.
@@ -454,7 +458,7 @@ def c3_verdicts(by_workload: pd.DataFrame, headline: str, sampling: pd.DataFrame
     speed0 = speed_over_runs(runs, 0.0, list(m.workload)) if runs is not None else per_workload(m, "speedup")
     parts.append(judge_at_least("C3", f"wall-clock speedup over AR, {headline}, T=0", speed0, 1.0, "faster than AR",
                                 "; ".join(x for x in (conditions, note, beside(m) if runs is not None else "") if x),
-                                CHAPTER, unit="repeats"))
+                                CHAPTER, unit="whole runs"))
     if t1 is not None:
         m1 = t1[t1.method == headline]
         if len(m1):
@@ -463,7 +467,7 @@ def c3_verdicts(by_workload: pd.DataFrame, headline: str, sampling: pd.DataFrame
             parts.append(judge_at_least("C3", f"wall-clock speedup over AR, {headline}, T=1", speed1, 1.0,
                                         "faster than AR",
                                         "; ".join(x for x in (cond1, note, beside(m1) if runs is not None else "")
-                                                  if x), CHAPTER, unit="repeats"))
+                                                  if x), CHAPTER, unit="whole runs"))
     return decide_parts("C3", f"parallel decoding, lossless and faster ({headline})", parts,
                         "lossless, several tokens per forward, faster than AR", conditions, CHAPTER)
 

@@ -295,7 +295,7 @@ def judge_c5(gains: pd.DataFrame, curve: pd.DataFrame, conditions: str) -> list[
         est = _gain(gains, "continuous", base)
         parts.append(judge_at_least("C5", f"throughput of continuous batching / {base} at saturation (x)",
                                     est if est is not None else float("nan"), 1.0, why, conditions, CHAPTER,
-                                    unit="repeats"))
+                                    unit="whole runs"))
     return decide_parts("C5", "continuous batching beats sequential and static serving", parts,
                         "dynamic batching avoids static batching's idle waits and small batches' fragmentation",
                         conditions, CHAPTER)

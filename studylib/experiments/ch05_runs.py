@@ -104,7 +104,7 @@ def throughput_table(runs) -> pd.DataFrame:
 
 def _state(est, low: float, high: float) -> str:
     """Where a CI lies against the band [low, high]: "inside", "outside" (wholly out) or "straddles"."""
-    if est is None or math.isnan(est.ci_low) or est.n < MIN_UNITS["repeats"]:
+    if est is None or math.isnan(est.ci_low) or est.n < MIN_UNITS["whole runs"]:
         return "undecided"
     return band_state(est.ci_low, est.ci_high, low, high)
 
@@ -124,7 +124,7 @@ def judge_c8(runs, conditions: str, delta: float = EQUIVALENCE_DELTA) -> list[Ve
     t_state = _state(ttft, 1 + delta, math.inf)
     p_state = _state(tpot, *band)
     if "undecided" in (t_state, p_state):
-        verdict, why = INCONCLUSIVE, f"fewer than {MIN_UNITS['repeats']} whole runs or no CI"
+        verdict, why = INCONCLUSIVE, f"fewer than {MIN_UNITS['whole runs']} whole runs or no CI"
     elif t_state == "outside" or p_state == "outside":
         verdict = FAILS
         why = ("the TTFT gain's CI lies below the band" if t_state == "outside" else
@@ -144,7 +144,7 @@ def judge_c8(runs, conditions: str, delta: float = EQUIVALENCE_DELTA) -> list[Ve
     row = Verdict("C8", "", f"{TTFT_NOT_TPOT} ({nums})", tpot.value if tpot is not None else None,
                   (tpot.ci_low, tpot.ci_high) if tpot is not None else None,
                   "caching helps TTFT, not TPOT: the gain is local", verdict, note, CHAPTER, n=n or None,
-                  direction="check", unit="repeats", ci_method=tpot.method if tpot is not None else None)
+                  direction="check", unit="whole runs", ci_method=tpot.method if tpot is not None else None)
     return decide_parts("C8", "measured interaction of the prefix cache with batching", [row],
                         "local accelerations do not compose", conditions, CHAPTER)
 

@@ -429,7 +429,7 @@ def judge_c6(summary: pd.DataFrame, conditions: str, n_tokens: int, runs=None) -
                   f"{doc.ci_high:.3g}] (shown, not deciding)") if over_runs else ""
         speed = judge_at_least("C6", f"decode speed-up over dense at {n_tokens} tokens, {r.pattern}",
                                est, speed_bar, "faster than dense attention at long context",
-                               "; ".join(x for x in (conditions, beside) if x), CHAPTER, unit="repeats",
+                               "; ".join(x for x in (conditions, beside) if x), CHAPTER, unit="whole runs",
                                confidence=confidence, tried=k)
         qual = judge_at_least("C6", f"next-word accuracy ratio vs dense, {r.pattern} (perplexity ratio "
                               f"{r.ppl_ratio:.4g}, KL {r.kl_nats:.3g} nats, top-1 {r.top1_agreement:.1%})",

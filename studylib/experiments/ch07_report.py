@@ -324,7 +324,7 @@ def judge_throughput(tsum: pd.DataFrame, conditions: str, policy: str = "continu
     method = r.method if "method" in tsum.columns and isinstance(r.method, str) else None
     return judge_at_least("C7", "throughput at saturation vs AR one at a time (x)",
                           _est(r.gain, r.gain_low, r.gain_high, n, method), THROUGHPUT_BAR, "8-12x",
-                          "; ".join(x for x in (f"{policy}", conditions, note) if x), cc.CHAPTER, unit="repeats")
+                          "; ".join(x for x in (f"{policy}", conditions, note) if x), cc.CHAPTER, unit="whole runs")
 
 
 def judge_latency_under_load(load: Mapping, serving: str) -> Verdict:
@@ -479,7 +479,9 @@ def judge_c8(checks: Mapping[str, dict], conditions: str) -> list[Verdict]:
                               "interactions (and workloads) tried")
         if v.get("neither") and row.verdict == FAILS:
             # an equivalence CI across the band's edge is no evidence either way
-            row = dataclasses.replace(row, verdict=INCONCLUSIVE, conditions=f"{row.conditions}; neither: a CI "
+            # and its unmet checks are "not shown", not "failed": the reading is undecided either way
+            undecided = row.conditions.replace("; fails: ", "; not shown: ", 1)
+            row = dataclasses.replace(row, verdict=INCONCLUSIVE, conditions=f"{undecided}; neither: a CI "
                                       "crosses its bound, so the reading is not decided")
         rows.append(row)
     models = [k for k, v in checks.items() if not v["measured"] and v.get("kind") == "model"]

@@ -571,7 +571,7 @@ def judge_c9(speed: pd.DataFrame, task: pd.DataFrame, identities: Mapping[str, d
         sp = judge_at_least("C9", f"decode speed-up over {ref}, {r.arm}",
                             runs.estimate(key, confidence) if over else r.estimate, speed_bar,
                             f">= {speed_bar:g}x faster per token", "; ".join(x for x in (conditions, beside) if x),
-                            CHAPTER, unit="repeats", confidence=confidence, tried=tried)
+                            CHAPTER, unit="whole runs", confidence=confidence, tried=tried)
         speed_parts = [sp]
         gkey = f"speedup_vs_gguf:{r.arm}"
         if r.arm in ARITHMETIC_ARMS and runs is not None:
@@ -581,7 +581,7 @@ def judge_c9(speed: pd.DataFrame, task: pd.DataFrame, identities: Mapping[str, d
                 "C9", f"decode speed-up over gguf (weights fixed), {r.arm}", vs_gguf,
                 speed_bar, f">= {speed_bar:g}x faster per token than the same weights in fp32 arithmetic",
                 "; ".join(x for x in (conditions, f"{len(runs.runs)} whole runs (fresh processes)") if x), CHAPTER,
-                unit="repeats", confidence=confidence, tried=tried))
+                unit="whole runs", confidence=confidence, tried=tried))
         ident = identities.get(r.arm)
         exact = ident is not None
         if exact:

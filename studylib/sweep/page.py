@@ -146,7 +146,7 @@ def regime_table(summary: dict[str, Any], sweep_dir: Path, at: tuple[int, ...] =
     out = []
     for label, m in _chapter1_cells(summary, sweep_dir) if cells is None else cells:
         bw = m.get("bandwidth_fraction") or {}
-        frac = (format_ci(bw["value"], (bw.get("ci_low"), bw.get("ci_high")), bw.get("n"), "repeats")
+        frac = (format_ci(bw["value"], (bw.get("ci_low"), bw.get("ci_high")), bw.get("n"), "whole runs")
                 if isinstance(bw.get("value"), int | float) else "-")
         by_engine: dict[str, list[dict]] = {}
         for r in m.get("step_vs_rows") or []:
@@ -155,7 +155,7 @@ def regime_table(summary: dict[str, Any], sweep_dir: Path, at: tuple[int, ...] =
             row = {"cell": label, "engine": eng}
             for k in at:
                 r = next((r for r in rows if r.get("rows") == k), None)
-                row[f"v({k})"] = (format_ci(r["v"], (r.get("v_low"), r.get("v_high")), r.get("n"), "repeats")
+                row[f"v({k})"] = (format_ci(r["v"], (r.get("v_low"), r.get("v_high")), r.get("n"), "whole runs")
                                   if r and isinstance(r.get("v"), int | float) else "-")
             ridge = rows[0].get("ridge_rows")
             row["ridge (rows)"] = f"{ridge:.3g}" if isinstance(ridge, int | float) else "-"

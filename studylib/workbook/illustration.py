@@ -1,9 +1,9 @@
 """Sub-analyses too small to conclude from: shown as illustrations, never as evidence.
 
 The study's rule: a sub-analysis below ``studylib.claims.MIN_UNITS`` independent units (10 prompts,
-requests or documents; 5 whole-run repeats) is labelled "illustration (n = ...)", shows no CI, and no
+requests or documents; 5 whole runs) is labelled "illustration (n = ...)", shows no CI, and no
 sentence concludes from it. Consecutive steps or timings inside one run are not units: ``n`` counts
-prompts, requests, documents (a needle trial is one document), or repeats of the whole run.
+prompts, requests, documents (a needle trial is one document), or whole runs.
 
 - ``is_illustration(n, unit)``: whether ``n`` units are too few.
 - ``illustration(df, n, unit)``: the summary frame without its CI columns and with a caption on
@@ -25,7 +25,8 @@ from studylib.workbook.tables import CAPTION_KEY
 NOT_JUDGED = "not judged: an illustration on too few units to conclude (the table gives n)"
 ILLUSTRATION_KEY = "illustration"  # df.attrs[ILLUSTRATION_KEY] = {"n": ..., "unit": ...}
 # Units named for what they are in a chapter, counted against the minimum of the unit they are.
-ALIASES = {"trials": "documents", "haystacks": "documents", "articles": "documents", "runs": "repeats"}
+ALIASES = {"trials": "documents", "haystacks": "documents", "articles": "documents", "runs": "whole runs",
+           "repeats": "whole runs"}
 _CI_NAMES = {"lo", "hi", "low", "high", "ci", "ci_low", "ci_high"}
 _CI_SUFFIXES = ("_lo", "_hi", "_low", "_high", "_ci")
 _CI_WORDS = re.compile(r"\b(95% )?ci\b", re.IGNORECASE)

@@ -80,7 +80,7 @@ def _ttft_ch05(data: Mapping[str, Any]) -> Figure | None:
     p = data.get("params") or {}
     shared = (f" behind {p.get('n_systems', 'a few')} shared {p['system_tokens']}-token prompts"
               if p.get("system_tokens") else "")
-    return Figure(5, _ci(est.value, est.ci_low, est.ci_high, est.n, "repeats"),
+    return Figure(5, _ci(est.value, est.ci_low, est.ci_high, est.n, "whole runs"),
                   "median TTFT of continuous batching without / with the cache at saturation: "
                   f"{p.get('n_requests', 'all')} requests at once{shared}, so most of the wait is in the queue, "
                   "which the cache does not shorten")
@@ -109,7 +109,7 @@ def _gain_ch05(data: Mapping[str, Any]) -> Figure | None:
     if g is None or not _finite(g.get("gain")):
         return None
     p = data.get("params") or {}
-    return Figure(5, _ci(g["gain"], g.get("ci_low"), g.get("ci_high"), g.get("repeats"), "repeats"),
+    return Figure(5, _ci(g["gain"], g.get("ci_low"), g.get("ci_high"), g.get("repeats"), "whole runs"),
                   f"output tokens/s of continuous batching with the prefix cache / one request at a time, "
                   f"{p.get('n_requests', 'all')} chat requests arriving at once, <= {p.get('max_new_tokens', '?')} "
                   "new tokens each")
@@ -124,7 +124,7 @@ def _gain_ch07(data: Mapping[str, Any]) -> Figure | None:
     cond = str(v.get("conditions") or "")
     where = ("read from chapter 5's saturation runs (the same measurement), as the throughput part of claim C7"
              if "measured in chapter 5" in cond else "measured by chapter 7 for the throughput part of claim C7")
-    return Figure(7, _ci(v["measured"], ci[0], ci[1], v.get("n"), v.get("unit") or "repeats"), where)
+    return Figure(7, _ci(v["measured"], ci[0], ci[1], v.get("n"), v.get("unit") or "whole runs"), where)
 
 
 def _decode_ch01(data: Mapping[str, Any]) -> Figure | None:

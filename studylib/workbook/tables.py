@@ -20,7 +20,7 @@ _UNITS = (("_tok_s", "tok/s"), ("_req_s", "req/s"), ("_gbs", "GB/s"), ("_gflops"
           ("_mb", "MB"), ("_gb", "GB"), ("_ms", "ms"), ("_us", "µs"), ("_s", "s"), ("_pct", "%"), ("_x", "x"),
           ("_nats", "nats"))
 _CI_SUFFIXES = (("_low", "_high"), ("_lo", "_hi"), ("_ci_low", "_ci_high"))
-_N_COLUMNS = ("n", "prompts", "requests", "documents", "repeats")
+_N_COLUMNS = ("n", "prompts", "requests", "documents", "whole runs", "repeats")
 _DROP = {"estimate"}  # Estimate objects: their numbers are in the neighbouring columns already
 _WORDS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "end-to-end", "e2el": "end-to-end latency",
           "kv": "KV", "ar": "AR", "ci": "CI", "ppl": "perplexity", "kl": "KL", "p50": "p50", "p99": "p99",
