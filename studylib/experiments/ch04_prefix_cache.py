@@ -363,7 +363,7 @@ def judge_c4(summary: pd.DataFrame, curve: pd.DataFrame, det: pd.DataFrame, cond
     parts = [judge_at_least("C4", "LRU-radix hits / Belady hits, pool below the working set",
                             est or {"no pool below the working set where eviction binds was run": float("nan")},
                             BAR, claimed, "; ".join(x for x in (conditions, family) if x), CHAPTER, unit="requests",
-                            confidence=confidence, tried=k)]
+                            confidence=confidence)]
     share = curve[curve.workload.isin(SHARING)]
     full = share[(share["pool blocks"] >= share["working set blocks"]) | ~_binds(share)]
     if len(full):
