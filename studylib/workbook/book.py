@@ -575,13 +575,6 @@ def chapter_list(out: Path, executed: Mapping[int, Any] | None = None) -> list[t
     return [(c, notebook_title(nb, f"Chapter {c}")) for c, nb in sorted(executed.items())]
 
 
-def build_book(out: str | Path, index: Mapping[str, Any] | None = None) -> list[Path]:
-    """Kept for a ``reproduce`` process started before the book moved to ``studylib.workbook.assemble``."""
-    from studylib.workbook.assemble import build_book as assemble
-
-    return assemble(out, index)
-
-
 _DIV_TAG = re.compile(r"<div\b[^>]*>|</div>")
 
 
