@@ -13,7 +13,8 @@ import pytest
 
 from studylib.claims import CLAIMS, decide_parts, judge_at_least, judge_at_most
 from studylib.workbook import save_chapter
-from studylib.workbook.book import build_book, format_ci, is_setup_cell, settings_line, sig
+from studylib.workbook.assemble import build_book
+from studylib.workbook.book import format_ci, is_setup_cell, settings_line, sig
 from studylib.workbook.fonts import FONT_FAMILY, cjk_chars, covered_chars, project_chars
 
 
@@ -355,3 +356,18 @@ def test_the_claims_figure_has_one_row_per_claim_and_chapter_with_the_part_that_
     # the weakest failing part decides a failure; the holding part furthest past its bar carries a hold
     # (never one that holds by construction); a check-only claim is shown by its check
     assert got == [("C1", "weaker"), ("C6", "b"), ("C8", "a check")]
+
+
+def test_the_printed_edition_keeps_text_figures_and_verdicts_and_points_at_the_data_tables():
+    from studylib.workbook.book import print_edition
+
+    body = ("<p>prose</p><div class='same-kind'><div><p>other chapters</p></div></div>"
+            "<div class='instrument'><table><tr><td>card</td></tr></table></div>"
+            "<div class=\"output_area\"><div class=\"x\"><table class=\"dataframe\"><tr><td>data</td></tr></table>"
+            "</div></div>"
+            "<div class=\"output_area\"><div><table class=\"verdict-table\"><tr><td>verdict</td></tr></table></div></div>"
+            "<div class=\"output_area\"><img src='a.png' alt='fig'></div><p>after</p>")
+    out = print_edition(body, 3)
+    assert "prose" in out and "after" in out and "verdict</td>" in out and "<img" in out
+    assert "other chapters" not in out and "card</td>" not in out and "data</td>" not in out
+    assert "in the HTML edition, <i>ch03.html</i>" in out and out.count("<div") == out.count("</div>")

@@ -227,3 +227,19 @@ def test_a_wide_grid_keeps_its_figure_to_a_page_and_its_labels_apart(tmp_path):
     from PIL import Image
 
     assert Image.open(tmp_path / "q.png").size[0] <= 12 * 110 + 50  # at most 12 inches at 110 dpi
+
+
+def test_the_sweep_answers_its_question_in_its_first_sentence_from_its_cells():
+    import pandas as pd
+
+    from studylib.sweep.page import _params_words, answer_text
+
+    frame = pd.DataFrame([
+        {"cell": "small", "engine": "int8", "rows": 1, "v": 1.0}, {"cell": "small", "engine": "int8", "rows": 16, "v": 2.6},
+        {"cell": "big", "engine": "int8", "rows": 1, "v": 1.0}, {"cell": "big", "engine": "int8", "rows": 16, "v": 3.2}])
+    text = answer_text(frame)
+    assert text.startswith("The answer, from the cells below: with int8, a step of 16 rows costs 2.6 to 3.2")
+    assert "no cell of the grid behaves as the source assumes" in text
+    frame.loc[frame.v == 2.6, "v"] = 1.2
+    assert "near 1 (a memory-bound step) on small" in answer_text(frame)
+    assert _params_words({"lengths": [8, 16], "repeats": 5}) == "lengths = 8, 16; repeats = 5"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,7 @@ def regime_table(summary: dict[str, Any], sweep_dir: Path, at: tuple[int, ...] =
     out = []
     for label, m in _chapter1_cells(summary, sweep_dir) if cells is None else cells:
         bw = m.get("bandwidth_fraction") or {}
-        frac = (format_ci(bw["value"], (bw.get("ci_low"), bw.get("ci_high")), bw.get("n"), "whole runs")
+        frac = (format_ci(bw["value"], (bw.get("ci_low"), bw.get("ci_high")), bw.get("n"))
                 if isinstance(bw.get("value"), int | float) else "-")
         by_engine: dict[str, list[dict]] = {}
         for r in m.get("step_vs_rows") or []:
@@ -155,7 +156,7 @@ def regime_table(summary: dict[str, Any], sweep_dir: Path, at: tuple[int, ...] =
             row = {"cell": label, "engine": eng}
             for k in at:
                 r = next((r for r in rows if r.get("rows") == k), None)
-                row[f"v({k})"] = (format_ci(r["v"], (r.get("v_low"), r.get("v_high")), r.get("n"), "whole runs")
+                row[f"v({k})"] = (format_ci(r["v"], (r.get("v_low"), r.get("v_high")), r.get("n"), "repeats in one process")
                                   if r and isinstance(r.get("v"), int | float) else "-")
             ridge = rows[0].get("ridge_rows")
             row["ridge (rows)"] = f"{ridge:.3g}" if isinstance(ridge, int | float) else "-"
@@ -165,6 +166,36 @@ def regime_table(summary: dict[str, Any], sweep_dir: Path, at: tuple[int, ...] =
             row["_fraction"] = bw.get("value")
             out.append(row)
     return out
+
+
+def answer_text(frame, near: float = 1.5) -> str:
+    """The sweep's answer in one sentence, from its cells: per engine, v(k) at the largest rows every cell
+    stepped (up to 16), from the smallest to the largest value across the grid, and whether any cell's step
+    behaves like a memory-bound one (v(k) within ``near`` of 1: extra rows almost free)."""
+    if frame is None or not len(frame):
+        return ""
+    parts = []
+    for eng, g in frame.groupby("engine", sort=False):
+        common = set.intersection(*(set(gc.rows) for _, gc in g.groupby("cell")))
+        ks = sorted(k for k in common if 1 < k <= 16)
+        if not ks:
+            continue
+        k = ks[-1]
+        at = g[g.rows == k].set_index("cell").v
+        free = sorted(c for c, v in at.items() if v <= near)
+        verdict = (f"near 1 (a memory-bound step) on {', '.join(free)}" if free else
+                   f"above {near:g} on every cell, so no cell of the grid behaves as the source assumes")
+        parts.append(f"with {eng}, a step of {k} rows costs {at.min():.3g} to {at.max():.3g} one-row steps "
+                     f"across the {at.size} cells: {verdict}")
+    return ("The answer, from the cells below: " + "; ".join(parts) + ".") if parts else ""
+
+
+def _params_words(params: Mapping[str, Any]) -> str:
+    """The shared parameters as 'name = value' words, not JSON."""
+    def word(v: Any) -> str:
+        return ", ".join(map(str, v)) if isinstance(v, list | tuple) else str(v)
+
+    return "; ".join(f"{k} = {word(v)}" for k, v in params.items())
 
 
 def regime_text(frame) -> str:
@@ -224,14 +255,17 @@ def write_sweep_page(sweep_dir: Path) -> Path:
     varying = list(summary.get("grid", {}))
     esc = html.escape
     parts = [f"<p><a href='../../index.html'>&larr; the study</a></p><h1>Sweep: {esc(summary['name'])}</h1>"]
+    ch01_cells = _chapter1_cells(summary, sweep_dir)
+    steps = step_cost_frame(summary, sweep_dir, ch01_cells)
     if summary.get("description"):
-        parts.append(f"<p class='lead'>{esc(summary['description'])}</p>")
+        # the question, then its answer from the cells, before anything else
+        parts.append(f"<p class='lead'>{esc(summary['description'])} {esc(answer_text(steps))}</p>")
     grid = summary.get("grid", {})
     parts.append("<h2>The grid</h2><p>Profile <code>{}</code>, chapter{} {}; every combination below is one cell, one "
                  "run of the chapter with these parameters{}.</p>".format(
                      esc(summary["profile"]), "s" if len(summary["chapters"]) > 1 else "",
                      ", ".join(map(str, summary["chapters"])),
-                     (" and the shared ones: " + esc(json.dumps(summary.get("params")))) if summary.get("params") else ""))
+                     (" and the shared ones: " + esc(_params_words(summary["params"]))) if summary.get("params") else ""))
     if grid:
         parts.append("<div class='table-wrap'><table class='sweep'><tr><th>parameter</th><th>values</th></tr>"
                      + "".join(f"<tr><td>{esc(k)}</td><td>{esc(', '.join(map(str, v)))}</td></tr>" for k, v in grid.items())
@@ -249,8 +283,9 @@ def write_sweep_page(sweep_dir: Path) -> Path:
         vtext = "<br>".join(f"{esc(v.id)} {badge(v.verdict)} {esc(v.metric)}: {esc(_measure(v))}" for v in verdicts)
         status = c["status"] if c["status"] != "failed" else f"<span class='failed'>failed</span>: {esc(c.get('error') or '')}"
         rows.append(f"<tr><td>{link}</td><td>{nn}</td><td>{status}</td><td>{c.get('attempts', '')}</td>"
-                    f"<td>{esc(str(where.get('host', '')))}<br>{esc(str(where.get('device', '')))}, "
-                    f"{esc(str(where.get('isa', '')))}</td><td>{vtext or 'no verdict'}</td></tr>")
+                    f"<td>{esc(str(where.get('cpu') or where.get('host', '')))}<br>{esc(str(where.get('device', '')))}, "
+                    f"{'ISA path ' + esc(str(where['isa'])) if where.get('isa') else ''}</td>"
+                    f"<td>{vtext or 'no verdict'}</td></tr>")
     parts.append("<h2>The cells</h2><div class='table-wrap'><table class='sweep'><tr><th>cell</th><th>chapter</th>"
                  "<th>status</th><th>attempts</th><th>ran on</th><th>verdicts (deciding number [95% CI], n)</th></tr>"
                  + "".join(rows) + "</table></div>")
@@ -260,8 +295,6 @@ def write_sweep_page(sweep_dir: Path) -> Path:
         figs.append(f"<figure><img src='{f.name}' alt='{esc(name)} across the grid'><figcaption>{esc(name)}: each "
                     "cell's measured value with its confidence interval; the dashed line is the claim's bar.</figcaption>"
                     "</figure>")
-    ch01_cells = _chapter1_cells(summary, sweep_dir)
-    steps = step_cost_frame(summary, sweep_dir, ch01_cells)
     if steps is not None and len(steps):
         f = _regime_figure(steps, sweep_dir / "regime.png", defects)
         figs.insert(0, f"<figure><img src='{f.name}' alt='step cost against rows per cell'><figcaption>The regime: "

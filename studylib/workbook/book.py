@@ -38,7 +38,6 @@ from studylib.claims import (
     bar_with_origin,
     ci_level,
     format_bar,
-    load_chapter,
     shown_condition,
 )
 from studylib.workbook.fonts import FONT_FAMILY, font_face_css
@@ -536,10 +535,11 @@ def nav(chapters: Sequence[tuple[int, str]], current: int | None, where: str = "
 
 def render_chapter(nb: Any, data: Mapping[str, Any] | None, chapters: Sequence[tuple[int, str]], chapter: int,
                    dirty: bool = False, error: str | None = None, title: str | None = None,
-                   same_kind: str = "") -> str:
+                   same_kind: str = "", classroom: str = "") -> str:
     """One chapter page: navigation, title, claims with their computed summary, the same kind of number in
     other chapters (``same_kind``, HTML from ``studylib.workbook.same_kind.block``), settings line, the
-    executed notebook without its setup cells, the appendix, navigation."""
+    executed notebook without its setup cells, the takeaways and questions (``classroom``), the appendix,
+    navigation."""
     from pygments.formatters import HtmlFormatter
 
     default = title or f"Chapter {chapter}"
@@ -554,7 +554,7 @@ def render_chapter(nb: Any, data: Mapping[str, Any] | None, chapters: Sequence[t
     head, rest = _split_title(_notebook_body(nb, chapter, linked)) if nb is not None else ("", "")
     top = (chapter_summary(data) + same_kind + settings_line(data)) if data else ""
     top += mechanism_html(chapter, (data or {}).get("params") or {})
-    body = (nav(chapters, chapter) + banner + head + top + rest + (appendix(data) if data else "")
+    body = (nav(chapters, chapter) + banner + head + top + rest + classroom + (appendix(data) if data else "")
             + nav(chapters, chapter, "bottom"))
     extra = _NOTEBOOK_CSS + HtmlFormatter(style="default").get_style_defs(".highlight")
     return page(title, body, extra)
@@ -575,33 +575,45 @@ def chapter_list(out: Path, executed: Mapping[int, Any] | None = None) -> list[t
     return [(c, notebook_title(nb, f"Chapter {c}")) for c, nb in sorted(executed.items())]
 
 
-def build_book(out: str | Path, index: Mapping[str, Any] | None = None) -> list[Path]:
-    """Re-render every chapter page and the front page from what ``out`` holds; runs nothing."""
-    from studylib.workbook import instrument, same_kind
-    from studylib.workbook.front import write_front_page
-    from studylib.workbook.runner import read_index
+_DIV_TAG = re.compile(r"<div\b[^>]*>|</div>")
 
-    out = Path(out)
-    index = read_index(out) if index is None else index
-    records = index.get("chapters", {})
-    executed = executed_notebooks(out)
-    chapters = chapter_list(out, executed)
-    shared = same_kind.figures(out)  # read once for every page
-    card = instrument.card(out)
-    written = [instrument.write(out)] if card["lines"] else []
-    for c, _ in chapters:
-        nn = f"ch{c:02d}"
-        data = load_chapter(out / f"{nn}.json") if (out / f"{nn}.json").exists() else None
-        dirty = bool((records.get(str(c)) or {}).get("dirty_tree"))
-        written.append(atomic_write(out / f"{nn}.html", render_chapter(executed[c], data, chapters, c, dirty=dirty,
-                                                                      same_kind=same_kind.block(out, c, shared)
-                                                                      + instrument.block(out, c, card))))
-    from studylib.sweep.page import sweep_dirs, write_sweep_page
 
-    written += [write_sweep_page(d) for d in sweep_dirs(out)]
-    written.append(write_front_page(out, index, chapters, executed=executed))
-    written.append(write_print_page(out, chapters))
-    return written
+def _blocks(body: str, opening: re.Pattern) -> list[tuple[int, int]]:
+    """(start, end) of every ``<div>`` whose opening tag matches ``opening``, nested divs balanced."""
+    spans = []
+    for m in opening.finditer(body):
+        depth, end = 0, None
+        for t in _DIV_TAG.finditer(body, m.start()):
+            depth += -1 if t.group().startswith("</") else 1
+            if depth == 0:
+                end = t.end()
+                break
+        if end is not None and not (spans and m.start() < spans[-1][1]):
+            spans.append((m.start(), end))
+    return spans
+
+
+# The printed edition a class carries: each chapter's text, figures, verdicts and classroom notes. The
+# blocks the front matter already prints once (the instrument card, the same kind of number across
+# chapters, provenance) and the chapters' data tables (on the HTML pages, one link away) are left out,
+# so the whole study prints in well under 60 pages.
+_PRINT_DROPPED = re.compile(r"<div class=['\"](?:same-kind|instrument)['\"][^>]*>")
+_OUTPUT_AREA = re.compile(r"<div class=['\"]output_area['\"][^>]*>")
+
+
+def print_edition(body: str, chapter: int) -> str:
+    """A chapter page's body as the printed book carries it (see ``_PRINT_DROPPED``): the verdict table
+    stays; every other data table becomes one line pointing at the chapter's HTML page."""
+    for s, e in reversed(_blocks(body, _PRINT_DROPPED)):
+        body = body[:s] + body[e:]
+    note = (f"<p class='print-note'>(A table of measurements: in the HTML edition, <i>ch{chapter:02d}.html</i>.)"
+            "</p>")
+    for s, e in reversed(_blocks(body, _OUTPUT_AREA)):
+        block = body[s:e]
+        if "<table" not in block or "verdict-table" in block or "<img" in block:
+            continue
+        body = body[:s] + (note if "class=\"provenance\"" not in block else "") + body[e:]
+    return body
 
 
 def write_print_page(out: Path, chapters: Sequence[tuple[int, str]]) -> Path:
@@ -611,8 +623,13 @@ def write_print_page(out: Path, chapters: Sequence[tuple[int, str]]) -> Path:
         text = (out / f"ch{c:02d}.html").read_text(encoding="utf-8")
         body = text.split("<body>", 1)[-1].rsplit("</body>", 1)[0]
         body = re.sub(r"<nav class='book[^']*'>.*?</nav>", "", body, flags=re.S)
-        parts.append(f"<section class='chapter' id='ch{c:02d}'>{body}</section>")
+        parts.append(f"<section class='chapter' id='ch{c:02d}'>{print_edition(body, c)}</section>")
     style = ("section.chapter { break-before: page; } details.appendix { display: none; } "
+             "@page { size: A4; margin: 12mm 13mm; } "
+             "@media print { body { font-size: 9.5pt; line-height: 1.32; } "
+             "img { max-width: 78% !important; display: block; margin: 0.3em auto; break-inside: avoid; } "
+             "h1 { font-size: 17pt; } h2 { font-size: 13pt; } h3 { font-size: 11pt; } "
+             "p.print-note { color: #555; font-size: 8pt; margin: 0.2em 0; } } "
              # the front matter's wide tables (the card, every verdict) scroll on a screen as on the front page
              ".table-wrap { max-width: 100%; overflow-x: auto; } pre.cmd { white-space: pre-wrap; overflow-wrap: anywhere; } "
              ".input_area pre { white-space: pre-wrap; } section.front h2 { break-after: avoid; } ")

@@ -19,7 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from studylib.workbook import paths
-    from studylib.workbook.book import build_book, print_pdf
+    from studylib.workbook.assemble import build_book
+    from studylib.workbook.book import print_pdf
 
     out = Path(args.out) if args.out else paths.reports_dir(args.profile)
     if not any(out.glob("ch[0-9][0-9].ipynb")):
@@ -28,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     written = build_book(out)
     if args.pdf:
         from studylib.workbook.front import write_front_page
-        from studylib.workbook.runner import read_index
+        from studylib.workbook.paths import read_index
 
         written.append(print_pdf(out, args.chromium))
         write_front_page(out, read_index(out))  # again, now that there is a book.pdf to link

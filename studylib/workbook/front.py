@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from studylib.bench.provenance import commit_label
+from studylib.errors import StudylibError
 from studylib.claims import (
     CLAIMS,
     CONDITIONAL,
@@ -42,6 +43,7 @@ from studylib.workbook.book import (
     zh,
 )
 from studylib.workbook.paths import atomic_write
+from studylib.workbook import why as why_model
 
 _FRONT_CSS = """
 .lead { font-size: 1.08em; } .meta { color: #555; font-size: 0.9em; }
@@ -147,7 +149,6 @@ def what_was_run(out: Path, index: Mapping[str, Any]) -> str:
 
 def _native_format_note(model: str, compression_ran: bool) -> str:
     """For the embedded model: it is distributed in 4-bit, so what chapter 8 can and cannot measure."""
-    from studylib.errors import StudylibError
     from studylib.models.weights import check_weights
 
     try:
@@ -223,6 +224,8 @@ def claims_table(verdicts: Sequence[Verdict], chapters: Mapping[int, str]) -> st
                 decided += (f"<br><small>weakest part: {html.escape(metric_where(w))} = "
                             f"{html.escape(verdict_number(w))} against the bar "
                             f"{html.escape(bar_with_origin(w))} (chapter {w.chapter})</small>")
+        if factor := why_model.deciding_factor(d.id):
+            decided += f"<br><small>what decides it here: {html.escape(factor)}</small>"
         rows.append(f"<tr><td><b>{d.id}</b></td><td>{html.escape(claim.text if claim else d.claim)}</td>"
                     f"<td>{badge(d.verdict)}</td><td>{decided}</td><td>{html.escape(d.conditions or '')}</td>"
                     f"<td>{links}</td></tr>")
@@ -387,6 +390,19 @@ def _spread(out: Path) -> str:
         "its workload.</p>")
 
 
+def _why(out: Path) -> tuple[str, str]:
+    """The "why" section and its one-line summary. The front page is rewritten after every chapter while
+    a study runs, so a page block that cannot be drawn (a result missing a field it reads) is left out
+    with a warning rather than stopping the run."""
+    import sys
+
+    try:
+        return why_model.block(out), why_model.one_line(out)
+    except (KeyError, TypeError, ValueError, StudylibError) as exc:
+        print(f"studylib: warning: the front page's 'why' section was left out: {exc}", file=sys.stderr)
+        return "", ""
+
+
 def write_front_page(out: Path, index: Mapping[str, Any], chapters: Sequence[tuple[int, str]] | None = None,
                      notebooks: Mapping[int, Path] | None = None, executed: Mapping[int, Any] | None = None) -> Path:
     """``<out>/index.html``; ``chapters`` (number, title) default to the executed notebooks in ``out``
@@ -416,13 +432,15 @@ def write_front_page(out: Path, index: Mapping[str, Any], chapters: Sequence[tup
                      f"{', '.join(map(str, dirty))}. {html.escape(DIRTY_NOTE)}</div>")
     bottom = bottom_line(verdicts)
     first, _, rest = bottom.partition("</p>")
+    why, line = _why(out)
     parts += [
         # The verdicts come first: a reader's first screen should end on them, not mid-way through the setting.
-        "<h2>The verdicts</h2>", first + "</p>",
+        "<h2>The verdicts</h2>", first + "</p>", line,
         claims_table(verdicts, chapter_titles),
         "<p>One decision per claim. A claim with parts that must all hold (C6, C7) is decided by its weakest part "
         "on one configuration; a claim tested in two chapters takes each chapter as a condition.</p>",
         rest,
+        *(["<h2 id='why'>Why: one model, this run's factors and the papers'</h2>", why] if why else []),
         "<h2>What the source document says</h2>",
         f"<p>The source is a short essay in Chinese, “{zh(SOURCE_TITLE_ZH)}” "
         f"(<i>{html.escape(SOURCE_TITLE_EN)}</i>), on designing fast inference for large language models, from "

@@ -42,3 +42,13 @@ def atomic_write(path: str | Path, data: str | bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def read_index(out_dir: Path) -> dict:
+    """A report folder's ``index.json`` (what ran, when, on which commit), or {} when there is none."""
+    import json
+
+    try:
+        return json.loads((Path(out_dir) / "index.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}

@@ -24,7 +24,7 @@ from typing import Any
 
 from studylib.errors import StudylibError
 from studylib.workbook.chapter import to_jsonable
-from studylib.workbook.paths import PROFILES, atomic_write
+from studylib.workbook.paths import PROFILES, atomic_write, read_index
 
 NOTEBOOK_RE = re.compile(r"^(\d\d)_[\w.-]+\.ipynb$")
 OK, FAILED, UP_TO_DATE = "ok", "failed", "up to date"
@@ -324,13 +324,6 @@ def warn_unregistered(profile: str, params: Mapping[int, Mapping[str, Any]]) -> 
     return lines
 
 
-def read_index(out_dir: Path) -> dict[str, Any]:
-    try:
-        return json.loads((out_dir / "index.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return {}
-
-
 def reproduce(profile: str = "cpu", chapters: Sequence[int] | None = None, out_dir: str | Path | None = None,
               overrides: Mapping[str, Any] | None = None, resume: bool = False,
               notebooks_dir: str | Path | None = None, params_dir: str | Path | None = None,
@@ -419,7 +412,7 @@ def reproduce(profile: str = "cpu", chapters: Sequence[int] | None = None, out_d
         write_index(out, index, available)
     bar.close()
     if any(out.glob("ch[0-9][0-9].ipynb")):
-        from studylib.workbook.book import build_book
+        from studylib.workbook.assemble import build_book
 
         build_book(out, index)  # the book: every page with its neighbours' links, the front page, book.html
     return runs

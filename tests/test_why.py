@@ -1,0 +1,118 @@
+"""The front page's "why": the model, its factors read from the chapters, the published table, the "when"."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from studylib.errors import StudylibError
+from studylib.workbook import why
+
+
+def test_the_model_is_tau_over_the_cost_of_a_step():
+    assert why.speculation_speedup(3.0, 1.0, 5, 0.0) == 3.0  # a free draft on a flat v: tau is the speed-up
+    assert why.speculation_speedup(1.68, 3.34, 5, 0.62) == pytest.approx(1.68 / (3.34 + 3.1))
+    assert why.batching_gain(16, 2.0) == 8.0
+    assert why.speculation_speedup(1.0, 0.0, 0, 0.0) != why.speculation_speedup(1.0, 0.0, 0, 0.0)  # NaN, no /0
+
+
+def test_a_gpu_roofline_keeps_v_at_one_until_the_ridge():
+    # H100 SXM: 989 TFLOPS bf16 dense, 3.35 TB/s: the ridge is ~295 rows of 2-byte weights
+    assert why.roofline_v(17, 989, 3.35) == 1.0
+    assert why.roofline_v(64, 989, 3.35) == 1.0
+    assert why.roofline_v(590, 989, 3.35) == pytest.approx(590 / (989 / 3.35), rel=1e-6)
+
+
+def _study(tmp_path, table=None):
+    (tmp_path / "ch02.json").write_text(json.dumps({
+        "params": {"headline": "eagle@5,4,16"},
+        "measurements": {"eagle_trees": [
+            {"method": "eagle@5,4,16", "verify_tokens": 17, "draft_forwards_per_step": 5.0, "tau": 1.7, "c": 0.6,
+             "v": 3.3}]},
+        "verdicts": [{"metric": "wall-clock speedup over AR, eagle@5,4,16, T=0", "measured": 0.5,
+                      "ci": [0.45, 0.55], "n": 5, "unit": "whole runs"}]}))
+    (tmp_path / "ch05.json").write_text(json.dumps({
+        "measurements": {"c8": [{"batch": 1, "step_ms": 8.0}, {"batch": 32, "step_ms": 40.0}]},
+        "verdicts": [{"metric": "throughput of continuous batching / sequential at saturation (x)",
+                      "measured": 1.9, "ci": [1.7, 2.1], "n": 5, "unit": "whole runs"}]}))
+    return tmp_path
+
+
+def test_factors_come_from_the_chapters_and_the_model_from_them(tmp_path):
+    rows = {r["row"]: r for r in why.factors(_study(tmp_path))}
+    e = rows["eagle"]
+    assert (e["tau"], e["rows"], e["drafts"], e["c"], e["v"]) == (1.7, 17, 5.0, 0.6, 3.3)
+    assert e["model"] == pytest.approx(1.7 / (3.3 + 3.0)) and e["measured"]["measured"] == 0.5
+    b = rows["batching"]
+    assert b["v"] == 5.0 and b["model"] == pytest.approx(32 / 5.0) and b["measured"]["measured"] == 1.9
+    assert why.factors(tmp_path / "nothing") == []
+
+
+def test_when_puts_a_gpu_roofline_beside_this_machine_and_labels_it_a_model(tmp_path):
+    table = {"entries": [], "hardware": [{"name": "H100 SXM", "peak_tflops": 989.4, "bandwidth_tbs": 3.35,
+                                          "source": "NVIDIA 'H100 datasheet'", "url": "https://nvidia.example"}]}
+    rows = why.when(_study(tmp_path), table)
+    gpu = [r for r in rows if r["where"].startswith("H100")]
+    assert {r["row"] for r in gpu} == {"eagle", "batching"} and all("a model" in r["where"] for r in gpu)
+    eagle = next(r for r in gpu if r["row"] == "eagle")
+    assert eagle["v"] == 1.0 and eagle["model"] == pytest.approx(1.7 / (1 + 5 * 0.6))
+    html = why.block(tmp_path, table)
+    assert "tau / (v(rows verified) + draft forwards" in html and "(a model)" in html and "0.50x [0.45, 0.55]" in html
+    assert "<a href='https://nvidia.example'>H100 datasheet</a>" in html  # the roofline's source is cited
+    assert "Why, in one line" in why.one_line(tmp_path) and "v = 3.30" in why.one_line(tmp_path)
+
+
+def test_the_committed_published_table_is_complete_and_cited():
+    table = why.published()
+    assert len(table["entries"]) >= 6
+    for e in table["entries"]:
+        assert e["url"].startswith("http") and e["source"] and e["hardware"] and e["model"]
+    assert {h["name"] for h in table["hardware"]} and all(h["source"] for h in table["hardware"])
+
+
+def test_a_bad_published_table_is_refused_with_what_is_missing(tmp_path):
+    bad = tmp_path / "p.yaml"
+    bad.write_text("entries:\n  - {method: eagle, quantity: tau, value: 3.0}\n")
+    with pytest.raises(StudylibError, match="lacks condition"):
+        why.published(bad)
+    bad.write_text("entries:\n  - {method: eagle, quantity: wow, value: 3.0, condition: c, hardware: h, model: m,"
+                   " baseline: b, source: s, url: u}\n")
+    with pytest.raises(StudylibError, match="quantity 'wow'"):
+        why.published(bad)
+
+
+def test_a_chapter_missing_fields_or_holding_nulls_leaves_its_row_out_and_never_raises(tmp_path):
+    (tmp_path / "ch02.json").write_text(json.dumps({
+        "params": {"headline": "eagle@5,4,16"},
+        "measurements": {"eagle_trees": [{"method": "eagle@5,4,16", "tau": 1.7, "c": None, "v": 3.3}]},
+        "verdicts": [{"metric": "wall-clock speedup over AR, eagle@5,4,16, T=0", "measured": 0.5, "ci": [None, None]}]}))
+    (tmp_path / "ch05.json").write_text(json.dumps({"measurements": {"c8": [
+        {"batch": None, "step_ms": 8.0}, {"batch": 1, "step_ms": 0.0}, {"batch": 8, "step_ms": 20.0}]}}))
+    (tmp_path / "ch01.json").write_text(json.dumps({"measurements": {"ar_bench": {"dense": {
+        "speedup_vs_hf": {"value": 1.04, "ci_low": None, "ci_high": None, "n": 3}, "hf_tok_s": {"value": 17.9},
+        "studylib_tok_s": {"value": 18.5}}}}}))
+    assert why.factors(tmp_path) == []
+    assert why.block(tmp_path, {"entries": [], "hardware": []}) == ""
+    assert "1.04x HF (n=3 prompts)" in why.baseline(tmp_path)
+    assert why._measured({"measured": 0.5, "ci": [None, None], "n": 5}) == "0.50x (n=5)"
+
+
+def test_a_survey_value_stands_beside_the_method_it_measured_only(tmp_path):
+    entry = {"quantity": "speedup", "value": 1.4, "condition": "EAGLE was slower here", "hardware": "A100",
+             "model": "m", "baseline": "AR", "source": "s <b>", "url": "https://x"}
+    table = {"entries": [{**entry, "method": "spec_bench", "measures": "lookahead"}], "hardware": []}
+    assert why._peers(table, "lookahead") and not why._peers(table, "eagle")
+    assert "s &lt;b&gt;" in why._cite(table["entries"][0]) and "<b>" not in why._cite(table["entries"][0])
+
+
+def test_a_published_value_that_is_not_a_number_is_refused(tmp_path):
+    bad = tmp_path / "p.yaml"
+    base = "condition: c, hardware: h, model: m, baseline: b, source: s, url: u"
+    for value in ("'2.5'", "[1, 2, 3]", "[3, 1]"):
+        bad.write_text(f"entries:\n  - {{method: eagle, quantity: tau, value: {value}, {base}}}\n")
+        with pytest.raises(StudylibError, match="not a number or a"):
+            why.published(bad)
+    bad.write_text("entries: []\nhardware:\n  - {name: X, peak_tflops: 1}\n")
+    with pytest.raises(StudylibError, match="hardware 0 lacks bandwidth_tbs, source, url"):
+        why.published(bad)
