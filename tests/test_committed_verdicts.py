@@ -94,3 +94,12 @@ def test_the_committed_run_is_what_the_readme_says_it_is():
         # papermill's own start-up sits outside a chapter's seconds: a few seconds of slack, not minutes
         assert start_b >= end_a - dt.timedelta(seconds=5), f"chapter {b} started before chapter {a} finished"
         assert start_b - end_a < dt.timedelta(minutes=5), f"chapter {b} ran {start_b - end_a} after chapter {a}"
+
+
+def test_the_readme_names_every_commit_the_committed_chapters_were_made_at():
+    """However the committed study was run, the README says at which commits: a chapter rerun apart cannot
+    hide behind a sentence about one run."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    commits = {_rows(p)["provenance"]["git_commit"][:12] for p in CHAPTERS}
+    missing = sorted(c for c in commits if c not in readme)
+    assert not missing, f"the README does not name the commits {missing} that made the committed chapters"

@@ -26,7 +26,7 @@ def _study(tmp_path):
         {"workload": "system_prompt", "TTFT speedup": 14.2, "TTFT speedup CI": [13.0, 15.1], "requests": 10,
          "hit rate": 0.88}]}})
     _write(tmp_path, 5, {"params": {"n_requests": 64, "n_systems": 4, "system_tokens": 128, "max_new_tokens": 48},
-                         "measurements": {"runs": _runs(), "gains": [
+                         "measurements": {"runs": _runs(), "gains_over_runs": [
                              {"treated": "continuous", "baseline": "sequential", "gain": 4.0, "ci_low": 3.9,
                               "ci_high": 4.3, "repeats": 5},
                              {"treated": "continuous+radix", "baseline": "sequential", "gain": 6.7, "ci_low": 6.5,
