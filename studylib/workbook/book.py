@@ -601,9 +601,25 @@ _PRINT_DROPPED = re.compile(r"<div class=['\"](?:same-kind|instrument)['\"][^>]*
 _OUTPUT_AREA = re.compile(r"<div class=['\"]output_area['\"][^>]*>")
 
 
+_VERDICT_TABLE = re.compile(r"<table class=\"verdict-table\".*?</table>", re.S)
+_PRINT_HIDDEN_COLUMNS = ("claimed", "conditions")
+
+
+def _without_columns(table: str, names: Sequence[str]) -> str:
+    """A pandas-Styler table without the columns headed by ``names`` (its cells carry ``colN`` classes)."""
+    heads = re.findall(r"<th class=\"col_heading level0 (col\d+)\"[^>]*>([^<]*)</th>", table)
+    for col, name in heads:
+        if name.strip() in names:
+            table = re.sub(rf"<t([hd]) class=\"[^\"]*\b{col}\b[^\"]*\"[^>]*>.*?</t\1>", "", table, flags=re.S)
+    return table
+
+
 def print_edition(body: str, chapter: int) -> str:
     """A chapter page's body as the printed book carries it (see ``_PRINT_DROPPED``): the verdict table
-    stays; every other data table becomes one line pointing at the chapter's HTML page."""
+    stays, without the claim's words and each row's conditions (the chapter's summary box prints the
+    decision's conditions, the HTML page every row's); every other data table becomes one line pointing
+    at the chapter's HTML page."""
+    body = _VERDICT_TABLE.sub(lambda m: _without_columns(m.group(), _PRINT_HIDDEN_COLUMNS), body)
     for s, e in reversed(_blocks(body, _PRINT_DROPPED)):
         body = body[:s] + body[e:]
     note = (f"<p class='print-note'>(A table of measurements: in the HTML edition, <i>ch{chapter:02d}.html</i>.)"
@@ -613,7 +629,9 @@ def print_edition(body: str, chapter: int) -> str:
         if "<table" not in block or "verdict-table" in block or "<img" in block:
             continue
         body = body[:s] + (note if "class=\"provenance\"" not in block else "") + body[e:]
-    return body
+    # tables one after another leave one note, not a column of them
+    return re.sub(rf"(?:{re.escape(note)}\s*(?:</div>\s*)*(?:<div[^>]*>\s*)*){{2,}}", lambda m: note + m.group()[len(note):]
+                  .replace(note, ""), body)
 
 
 def write_print_page(out: Path, chapters: Sequence[tuple[int, str]]) -> Path:
@@ -625,9 +643,12 @@ def write_print_page(out: Path, chapters: Sequence[tuple[int, str]]) -> Path:
         body = re.sub(r"<nav class='book[^']*'>.*?</nav>", "", body, flags=re.S)
         parts.append(f"<section class='chapter' id='ch{c:02d}'>{print_edition(body, c)}</section>")
     style = ("section.chapter { break-before: page; } details.appendix { display: none; } "
-             "@page { size: A4; margin: 12mm 13mm; } "
-             "@media print { body { font-size: 9.5pt; line-height: 1.32; } "
-             "img { max-width: 78% !important; display: block; margin: 0.3em auto; break-inside: avoid; } "
+             "@page { size: A4; margin: 11mm 12mm; } "
+             # the front matter's every-verdict table prints in its compact form (no conditions column)
+             "section.front details.all { display: none; } section.front .print-only { display: block; } "
+             "@media print { body { font-size: 8.8pt; line-height: 1.26; } "
+             "img { max-width: 58% !important; display: block; margin: 0.3em auto; break-inside: avoid; } "
+             "section.front img { max-width: 100% !important; } "
              "h1 { font-size: 17pt; } h2 { font-size: 13pt; } h3 { font-size: 11pt; } "
              "p.print-note { color: #555; font-size: 8pt; margin: 0.2em 0; } } "
              # the front matter's wide tables (the card, every verdict) scroll on a screen as on the front page
@@ -637,7 +658,7 @@ def write_print_page(out: Path, chapters: Sequence[tuple[int, str]]) -> Path:
     from pygments.formatters import HtmlFormatter
 
     return atomic_write(out / "book.html", page(
-        "Fast LLM inference: the whole study", front_matter(out) + f"<section class='chapter'><h2>Contents</h2>"
+        "Fast LLM inference: the whole study", front_matter(out) + f"<section class='contents'><h2>Contents</h2>"
         f"<ol>{toc}</ol></section>" + "".join(parts),
         _NOTEBOOK_CSS + style + HtmlFormatter(style="default").get_style_defs(".highlight")))
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from studylib.bench.provenance import commit_label
-from studylib.errors import StudylibError
 from studylib.claims import (
     CLAIMS,
     CONDITIONAL,
@@ -30,6 +29,8 @@ from studylib.claims import (
     study_decisions,
     verdict_table,
 )
+from studylib.errors import StudylibError
+from studylib.workbook import why as why_model
 from studylib.workbook.book import (
     DIRTY_NOTE,
     arithmetic_words,
@@ -43,7 +44,6 @@ from studylib.workbook.book import (
     zh,
 )
 from studylib.workbook.paths import atomic_write
-from studylib.workbook import why as why_model
 
 _FRONT_CSS = """
 .lead { font-size: 1.08em; } .meta { color: #555; font-size: 0.9em; }
@@ -61,6 +61,7 @@ blockquote.source { border-left: 3px solid #0b5cad; background: #f7f9fc; margin:
 pre.cmd { background: #f6f8fa; border: 1px solid #e1e4e8; border-radius: 4px; padding: 8px 10px; overflow-x: auto;
        font-size: 0.85em; }
 details.all summary { cursor: pointer; font-weight: bold; }
+.print-only { display: none; }
 table.card { border-collapse: collapse; font-size: 0.88em; } table.card td, table.card th { padding: 3px 7px;
        border-top: 1px solid #ddd; text-align: left; vertical-align: top; } table.card th { background: #f0f0f0; }
 """
@@ -274,7 +275,8 @@ def claims_figure(verdicts: Sequence[Verdict], path: Path) -> Path | None:
     colours = {HOLDS: "#1a7f37", CONDITIONAL: "#9a6700", INCONCLUSIVE: "#6e6e9e", FAILS: "#c33"}
     labels = [textwrap.fill(f"{d.id} (chapter {d.chapter}), {d.verdict}: {shown_metric(p)}", 62)
               for d, p in rows]
-    fig, ax = plt.subplots(figsize=(10, sum(0.24 * (lb.count(chr(10)) + 1) + 0.14 for lb in labels) + 1.4))
+    # 8 in wide: printed across an A4 page (7.3 in between margins) its 9 pt labels stay above 8 pt
+    fig, ax = plt.subplots(figsize=(8, sum(0.24 * (lb.count(chr(10)) + 1) + 0.14 for lb in labels) + 1.4))
     for i, (d, p) in enumerate(rows):
         colour = colours.get(d.verdict, "#555")
         r = bar_ratio(p)
@@ -379,17 +381,6 @@ def instrument_block(out: Path) -> str:
     return instrument.block(out)
 
 
-def _spread(out: Path) -> str:
-    """Why the same kind of number differs between chapters: each figure beside its conditions, read from the
-    chapters' saved results (``same_kind``), then the decoders' speed-ups, which depend on the workload."""
-    from studylib.workbook import same_kind
-
-    return same_kind.block(out) + (
-        "<p><b>Speed-ups of decoders.</b> Chapters 2, 3 and 7 time single requests; a method's speed-up depends "
-        "on the workload (code and summaries repeat their input, chat does not), which is why each table names "
-        "its workload.</p>")
-
-
 def _why(out: Path) -> tuple[str, str]:
     """The "why" section and its one-line summary. The front page is rewritten after every chapter while
     a study runs, so a page block that cannot be drawn (a result missing a field it reads) is left out
@@ -473,9 +464,6 @@ def write_front_page(out: Path, index: Mapping[str, Any], chapters: Sequence[tup
            "same kind of number differs between chapters because the engine, the arithmetic or the context "
            "differs; a line that says &ldquo;one process&rdquo; is a repeat inside one run, not a whole run.</p>",
            card] if (card := instrument_block(out)) else []),
-        "<h2>Reading numbers across chapters</h2>",
-        "<p>Where two chapters report the same kind of number, they measure it under different conditions, and "
-        "each chapter names its own beside the number:</p>", _spread(out),
         "<h2>Rerun it</h2>",
         "<p>On a CPU, with the embedded model (each chapter takes about as long as the table above says; a first run "
         "also installs the packages and unpacks the model and data; chapter 2 reads the draft head shipped with the "
@@ -492,5 +480,10 @@ def write_front_page(out: Path, index: Mapping[str, Any], chapters: Sequence[tup
     if verdicts:
         parts.append("<details class='all'><summary>Every verdict of every chapter, with its parts</summary>"
                      "<div class='table-wrap'>" + verdict_table(verdicts).to_html() + "</div></details>")
+        # the printed book carries every row too, without the columns its chapter pages print beside it
+        compact = verdict_table(verdicts).hide(subset=["claimed", "conditions"], axis="columns")
+        parts.append("<div class='print-only'><h2>Every verdict of every chapter</h2><p>Every row, with its "
+                     "measurement, bar and verdict; each row's conditions are printed with its chapter's verdict "
+                     "table.</p><div class='table-wrap'>" + compact.to_html() + "</div></div>")
     return atomic_write(out / "index.html", page("Fast LLM inference: a reproducible study", "".join(parts),
                                                  _FRONT_CSS, _SEARCH_JS))
