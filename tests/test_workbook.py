@@ -231,6 +231,6 @@ def test_index_leads_with_one_line_per_claim_and_lists_every_verdict(tmp_path, m
                  {}, tmp_path, display=False, declarations=None)
     index = {"profile": "cpu", "updated": "now", "chapters": {"1": {"status": "ok", "seconds": 12.0}}}
     page = write_index(tmp_path, index, {}).read_text()
-    assert page.index("The verdicts") < page.index("Chapters") < page.index("Every verdict")
+    assert page.index("The verdicts") < page.index("<h2>The chapters</h2>") < page.index("Every verdict")
     assert "C7: does not hold" in page and "C1: holds" in page and "12 s" in page
     assert "C7: holds" not in page  # the quality part gets no badge of its own
