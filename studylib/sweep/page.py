@@ -168,6 +168,11 @@ def regime_table(summary: dict[str, Any], sweep_dir: Path, at: tuple[int, ...] =
     return out
 
 
+def _rows_every_cell_stepped(g) -> set:
+    """The row counts that every cell of one engine's frame stepped."""
+    return set.intersection(*(set(gc.rows) for _, gc in g.groupby("cell")))
+
+
 def answer_text(frame, near: float = 1.5) -> str:
     """The sweep's answer in one sentence, from its cells: per engine, v(k) at the largest rows every cell
     stepped (up to 16), from the smallest to the largest value across the grid, and whether any cell's step
@@ -176,8 +181,7 @@ def answer_text(frame, near: float = 1.5) -> str:
         return ""
     parts = []
     for eng, g in frame.groupby("engine", sort=False):
-        common = set.intersection(*(set(gc.rows) for _, gc in g.groupby("cell")))
-        ks = sorted(k for k in common if 1 < k <= 16)
+        ks = sorted(k for k in _rows_every_cell_stepped(g) if 1 < k <= 16)
         if not ks:
             continue
         k = ks[-1]
@@ -203,8 +207,7 @@ def regime_text(frame) -> str:
     the largest rows every cell stepped, so a reader sees whether the regime depends on what the grid varies."""
     parts = []
     for eng, g in frame.groupby("engine", sort=False):
-        common = set.intersection(*(set(gc.rows) for _, gc in g.groupby("cell")))
-        ks = sorted(k for k in common if k > 1)[-2:]
+        ks = sorted(k for k in _rows_every_cell_stepped(g) if k > 1)[-2:]
         if not ks or g.cell.nunique() < 2:
             continue
         spans = []

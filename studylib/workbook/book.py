@@ -441,8 +441,6 @@ def _notebook_body(nb: Any, chapter: int = 0, links: Sequence[int] = ()) -> str:
     return _alt_texts(body, figure_captions(nb, notebook_title(nb, f"Chapter {chapter}")))
 
 
-
-
 def _plain(text: str, limit: int) -> str:
     """Markdown to plain words (links to their text, no emphasis or code marks), cut at a word to ``limit``."""
     text = re.sub(r"[`*_]|\[([^\]]*)\]\([^)]*\)", lambda m: m.group(1) or "", text).strip()
@@ -599,8 +597,6 @@ def _blocks(body: str, opening: re.Pattern) -> list[tuple[int, int]]:
 # so the whole study prints in well under 60 pages.
 _PRINT_DROPPED = re.compile(r"<div class=['\"](?:same-kind|instrument)['\"][^>]*>")
 _OUTPUT_AREA = re.compile(r"<div class=['\"]output_area['\"][^>]*>")
-
-
 _VERDICT_TABLE = re.compile(r"<table class=\"verdict-table\".*?</table>", re.S)
 _PRINT_HIDDEN_COLUMNS = ("claimed", "conditions")
 

@@ -388,7 +388,8 @@ def _why(out: Path) -> tuple[str, str]:
     import sys
 
     try:
-        return why_model.block(out), why_model.one_line(out)
+        rows = why_model.factors(out)  # read once for both
+        return why_model.block(out, rows=rows), why_model.one_line(out, rows)
     except (KeyError, TypeError, ValueError, StudylibError) as exc:
         print(f"studylib: warning: the front page's 'why' section was left out: {exc}", file=sys.stderr)
         return "", ""
@@ -478,10 +479,11 @@ def write_front_page(out: Path, index: Mapping[str, Any], chapters: Sequence[tup
         + (" (and <a href='book.pdf'>book.pdf</a>)" if (out / "book.pdf").exists() else "") + ".</p>",
     ]
     if verdicts:
+        table = verdict_table(verdicts)
         parts.append("<details class='all'><summary>Every verdict of every chapter, with its parts</summary>"
-                     "<div class='table-wrap'>" + verdict_table(verdicts).to_html() + "</div></details>")
+                     "<div class='table-wrap'>" + table.to_html() + "</div></details>")
         # the printed book carries every row too, without the columns its chapter pages print beside it
-        compact = verdict_table(verdicts).hide(subset=["claimed", "conditions"], axis="columns")
+        compact = table.hide(subset=["claimed", "conditions"], axis="columns")
         parts.append("<div class='print-only'><h2>Every verdict of every chapter</h2><p>Every row, with its "
                      "measurement, bar and verdict; each row's conditions are printed with its chapter's verdict "
                      "table.</p><div class='table-wrap'>" + compact.to_html() + "</div></div>")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import html
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -231,12 +231,14 @@ def _sweep_v(out: Path, k: int) -> tuple[str, float] | None:
     return (best[1], best[2]) if best else None
 
 
-def when(out: Path, table: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The model at this run's tau and c, with v from this machine, from the sweep's largest model and
-    from each GPU's published roofline: when would the speculation and batching claims hold?"""
+def when(out: Path, table: Mapping[str, Any] | None = None,
+         rows: Sequence[Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The model at this run's tau and c (``rows``: ``factors(out)`` when the caller has them), with v from
+    this machine, from the sweep's largest model and from each GPU's published roofline: when would the
+    speculation and batching claims hold?"""
     table = published() if table is None else table
-    rows = []
-    for f in factors(out):
+    found = []
+    for f in factors(out) if rows is None else rows:
         if f["row"] not in ("eagle", "batching"):
             continue
         k = int(round(f["rows"]))
@@ -249,9 +251,9 @@ def when(out: Path, table: Mapping[str, Any] | None = None) -> list[dict[str, An
         for where, v, cite in vs:
             model = (speculation_speedup(f["tau"], v, f["drafts"], f["c"]) if f["row"] == "eagle"
                      else batching_gain(k, v))
-            rows.append({"row": f["row"], "technique": f["technique"], "where": where, "cite": cite, "v": v, "k": k,
-                         "model": model, "measured": f["measured"]})
-    return rows
+            found.append({"row": f["row"], "technique": f["technique"], "where": where, "cite": cite, "v": v, "k": k,
+                          "model": model, "measured": f["measured"]})
+    return found
 
 
 # ------------------------------------------------------------------------------------------------ HTML
@@ -274,9 +276,10 @@ def deciding_factor(claim: str) -> str:
     return DECIDING_FACTOR.get(claim, "")
 
 
-def one_line(out: Path) -> str:
-    """The model in one sentence for the top of the front page, with this run's factors ('' without them)."""
-    rows = {f["row"]: f for f in factors(out)}
+def one_line(out: Path, rows: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """The model in one sentence for the top of the front page, with this run's factors (``rows``:
+    ``factors(out)`` when the caller has them; '' without any)."""
+    rows = {f["row"]: f for f in (factors(out) if rows is None else rows)}
     spec, batch = rows.get("eagle"), rows.get("batching")
     if not (spec or batch):
         return ""
@@ -320,11 +323,13 @@ def baseline(out: Path) -> str:
             "ratio against HF is its ratio against our AR on that engine times that factor.</p>")
 
 
-def block(out: Path, table: Mapping[str, Any] | None = None) -> str:
+def block(out: Path, table: Mapping[str, Any] | None = None,
+          rows: Sequence[Mapping[str, Any]] | None = None) -> str:
     """The HTML of the "why": the model, the factors table beside the papers, the "when", the baseline and
-    the published table itself. Empty when no chapter that the model reads has run."""
+    the published table itself (``rows``: ``factors(out)`` when the caller has them). Empty when no chapter
+    that the model reads has run."""
     table = published() if table is None else table
-    rows = factors(out)
+    rows = factors(out) if rows is None else list(rows)
     if not rows:
         return ""
     spec = next((f for f in rows if f["row"] == "eagle"), None)
@@ -356,7 +361,7 @@ def block(out: Path, table: Mapping[str, Any] | None = None) -> str:
                     "<th>rows a step</th><th>draft forwards</th><th>c</th><th>v(rows)</th><th>model</th>"
                     "<th>measured with these factors</th><th>measured (decides)</th>"
                     "<th>published (the methods' papers)</th></tr>" + "".join(body) + "</table></div>")
-    w = when(out, table)
+    w = when(out, table, rows)
     when_html = ""
     if w:
         lines = "".join(f"<tr><td>{html.escape(r['technique'])}</td><td>{html.escape(r['where'])}"
