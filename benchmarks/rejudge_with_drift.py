@@ -22,7 +22,14 @@ from scipy import stats
 
 # A stored row names its claim, not its metric key: kinds by claim, as the declaration's own derivation
 # (``session_drift.estimate_from_ledger``) takes them.
-from studylib.bench.session_drift import ARM_VS_ARM, DECLARED, RUN_UNITS, VS_MACHINE, VS_MACHINE_CLAIMS
+from studylib.bench.session_drift import (
+    ARM_VS_ARM,
+    DECLARED,
+    DECLARED_DF,
+    RUN_UNITS,
+    VS_MACHINE,
+    VS_MACHINE_CLAIMS,
+)
 
 
 def rows_at(rev: str):
@@ -56,9 +63,9 @@ def main(revs: list[str]) -> int:
             if not (m > 0 and lo > 0 and hi > 0):
                 continue
             half = max(math.log(hi / m), math.log(m / lo))
-            sd = DECLARED[VS_MACHINE if v["id"] in VS_MACHINE_CLAIMS else ARM_VS_ARM]
-            z = stats.norm.ppf((1 + float(v.get("confidence") or 0.95)) / 2)
-            wide = math.hypot(half, z * sd)
+            kind = VS_MACHINE if v["id"] in VS_MACHINE_CLAIMS else ARM_VS_ARM
+            q = stats.t.ppf((1 + float(v.get("confidence") or 0.95)) / 2, DECLARED_DF[kind])
+            wide = math.hypot(half, q * DECLARED[kind])
             nlo, nhi = m * math.exp(-wide), m * math.exp(wide)
             bar, d = float(v["threshold"]), v.get("direction", "at_least")
             print(f"ch{ch} {v['id']} {v['metric'][:70]:70s} {m:.3f} [{lo:.3f}, {hi:.3f}] {side(lo, hi, bar, d):9s}"

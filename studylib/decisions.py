@@ -81,8 +81,10 @@ class Declaration:
 
     @property
     def tried(self) -> int:
-        """How many configurations compete for this decision (the multiplicity correction's k)."""
-        return max(1, len(self.configurations))
+        """How many conditions compete for this decision (the multiplicity correction's k): every declared
+        configuration under every declared condition (workload), since any one clearing its bar would
+        carry a part."""
+        return max(1, len(self.configurations)) * max(1, len(self.conditions))
 
     def row(self, metric_match: str) -> DeclaredRow:
         """The declared row whose pattern is ``metric_match`` (chapters read their bars from here)."""

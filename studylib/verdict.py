@@ -21,10 +21,12 @@ ROLES = (DECISION, PART)
 
 # The fewest independent units a CI may rest on: per-request metrics need 10 prompts, requests or
 # documents; whole-run metrics (throughput at saturation, a fitted exponent) need 5 whole runs.
-MIN_UNITS = {"prompts": 10, "requests": 10, "documents": 10, "whole runs": 5}
+# "traces": independently seeded workload traces, each a cluster of requests (a load test or a cache
+# replay counts its traces, never the requests inside one, which share its arrivals and its pool)
+MIN_UNITS = {"prompts": 10, "requests": 10, "documents": 10, "traces": 10, "whole runs": 5}
 # A whole run (earlier pages called it a "repeat") is a fresh process that reloads the model
-# (studylib.bench.whole_runs). Only a CI computed over such runs (``studylib.bench.stats.run_estimate``, whose method is this) counts them;
-# replays inside one process are not independent runs of the machine.
+# (studylib.bench.whole_runs). Only a CI computed over such runs (``studylib.bench.stats.run_estimate``,
+# whose method is RUN_CI) counts them; replays inside one process are not independent runs of the machine.
 RUNS = "whole runs"
 LEGACY_UNITS = {"repeats": RUNS}  # the unit's earlier name, in reports and ledger lines written before
 RUN_CI = "t on the log of the per-run medians"

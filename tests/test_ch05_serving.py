@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from studylib.bench.stats import Estimate
-from studylib.claims import HOLDS
+from studylib.claims import HOLDS, INCONCLUSIVE
 from studylib.errors import StudylibError
 from studylib.experiments import ch05_batching as ch05
 from studylib.experiments import ch05_load as load
@@ -92,6 +92,26 @@ def test_chapter7_reads_chapter5s_serving_rows(tmp_path):
     row = report.judge_latency_under_load(got["under_load"], got["serving"])
     assert row.verdict == HOLDS and row.n == 12 and "0.50 req/s" in row.metric
     assert row.measured == pytest.approx(15.0)
+
+
+def test_latency_under_load_counts_seeded_traces_not_requests():
+    """C7's latency under load: requests in one trace share its queue, so the trace is the unit. Ten traces
+    of 12 requests give n = 10 traces, and chapter 7 judges the row in traces; three traces cannot decide."""
+    lat = pd.DataFrame([{"arm": a, "id": f"r{i}", "trace": t, "rate": 0.5, "status": "finished",
+                         "e2el_s": e * (1 + i / 10) * (1 + t / 50), "ttft_s": 0.1, "tpot_s": 0.01}
+                        for t in range(10) for i in range(12)
+                        for a, e in (("sequential", 30.0), ("continuous+radix", 2.0))])
+    est = load.e2e_ratio_over_traces(lat, "continuous+radix", "sequential")
+    assert est.n == 10 and est.value == pytest.approx(15.0) and est.ci_low <= 15.0 <= est.ci_high
+    rec = load.latency_record(lat, est, 0.5, 0.8)
+    assert rec["unit"] == "traces" and rec["n"] == 10
+    row = report.judge_latency_under_load(rec, "s")
+    assert row.unit == "traces" and row.n == 10 and row.verdict == HOLDS
+    few = lat[lat.trace < 3]
+    est3 = load.e2e_ratio_over_traces(few, "continuous+radix", "sequential")
+    assert est3.n == 3
+    assert report.judge_latency_under_load(load.latency_record(few, est3, 0.5, 0.8), "s").verdict == INCONCLUSIVE
+    assert "independently seeded traces" in load.explain_latency(lat, est, 0.5, 0.8)
 
 
 def test_e2e_ratio_is_a_paired_estimate():

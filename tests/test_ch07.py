@@ -177,12 +177,43 @@ def stacks_frame(speedups, lows, highs, quality=1.0, requests=10):
                          "quality": quality, "q_low": quality, "q_high": quality, "binding": "exact match"})
 
 
-def test_latency_verdict_follows_the_rule_per_workload():
-    assert report.judge_latency(stacks_frame([12, 15], [11, 12], [13, 18]), "c").verdict == HOLDS
-    v = report.judge_latency(stacks_frame([12, 2], [11, 1.5], [13, 2.5]), "c")
+def latency_runs(values, n=5, spread=0.02):
+    """Whole runs as ``ch07_runs.latency_run`` returns them: one speed-up per workload per run."""
+    import numpy as np
+
+    from studylib.bench.whole_runs import WholeRuns
+
+    rng = np.random.default_rng(3)
+    return WholeRuns("t:f", {}, [{"metrics": {f"latency:w{i}": v * (1 + spread * rng.standard_normal())
+                                              for i, v in enumerate(values)}} for _ in range(n)])
+
+
+def test_latency_verdict_is_over_whole_runs_per_workload_corrected():
+    from studylib import decisions
+
+    holds = report.judge_latency(stacks_frame([12, 15], [11, 12], [13, 18]), "c", latency_runs([12, 15]))
+    confidence, k = report.latency_confidence()
+    assert holds.verdict == HOLDS and holds.unit == "whole runs" and holds.n == 5
+    assert k == 5 and holds.tried == k and holds.confidence == pytest.approx(confidence)
+    v = report.judge_latency(stacks_frame([12, 2], [11, 1.5], [13, 2.5]), "c", latency_runs([12, 2]))
     assert v.verdict == CONDITIONAL and "w0" in v.conditions and "w1" in v.conditions
-    assert report.judge_latency(stacks_frame([1.2, 2], [1.1, 1.5], [1.3, 2.5]), "c").verdict == FAILS
-    assert report.judge_latency(stacks_frame([12], [11], [13], requests=4), "c").verdict == INCONCLUSIVE
+    assert report.judge_latency(stacks_frame([1.2, 2], [1.1, 1.5], [1.3, 2.5]), "c",
+                                latency_runs([1.2, 2])).verdict == FAILS
+    # two whole runs cannot decide; nor can the confirmation run's requests, inside one process
+    assert report.judge_latency(stacks_frame([12], [11], [13]), "c", latency_runs([12], n=2)).verdict == INCONCLUSIVE
+    assert report.judge_latency(stacks_frame([12], [11], [13]), "c").verdict == INCONCLUSIVE
+    # a workload the runs did not measure stays a condition without a CI
+    gap = report.judge_latency(stacks_frame([12, 15], [11, 12], [13, 18]), "c", latency_runs([12]))
+    assert gap.verdict == CONDITIONAL
+    assert len(decisions.stamp([holds, v], 7)) == 2  # judged as C7@7 declares it
+
+
+def test_latency_run_reads_ar_stacks_as_one_by_definition():
+    from studylib.experiments import ch07_runs
+
+    out = ch07_runs.latency_run("smollm2-135m", "dense", "fp32", {"chat": [], "xsum": []}, 2, 4, 64, 1, 2, 1500, 0,
+                                "auto", None, 4, 8, 3, "lookahead:5,4,5", "sinks:4,252")
+    assert out == {"latency:chat": 1.0, "latency:xsum": 1.0}
 
 
 def test_a_lossless_stack_is_an_exactness_check_not_a_degenerate_ci():
@@ -231,7 +262,7 @@ def test_a_stack_that_is_ar_itself_is_not_counted_for_quality():
 def test_c7_is_one_decision_a_lossless_stack_cannot_carry():
     tsum = pd.DataFrame({"policy": ["continuous + radix"], "gain": [2.6], "gain_low": [2.5], "gain_high": [2.7],
                          "repeats": [5]})
-    rows = report.judge_c7(stacks_frame([1.6], [1.0], [3.9]), tsum, "c", "s")
+    rows = report.judge_c7(stacks_frame([1.6], [1.0], [3.9]), tsum, "c", "s", latency_runs=latency_runs([1.6]))
     assert [r.role for r in rows] == ["decision", "part", "part", "part"]
     assert rows[1].verdict == HOLDS  # quality holds: the stack is lossless ...
     assert rows[0].verdict == FAILS  # ... but the claim is the three parts at once

@@ -127,38 +127,92 @@ def _curve(small_ratio, ci=(0.97, 1.0), n=12, binds=True):
     return pd.DataFrame(rows)
 
 
-def test_judge_c4_is_decided_against_belady_below_the_working_set():
-    from studylib.claims import FAILS, HOLDS, INCONCLUSIVE
+MT, FS = "multi_turn at 0.4x the working set", "few_shot at 0.55x the working set"  # declared in C4@4
+
+
+def _tc(ratios, traces=10, binds=True):
+    """A trace curve as ``trace_curve`` makes it: per declared condition (``ratios``: condition -> LRU's
+    share of Belady's hits) and seeded trace, Belady hits 800 tokens of an optimum of 1000 (all 1000 when
+    ``binds`` is False: nothing shared is evicted) and LRU about ``ratio`` of that."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for cond, ratio in ratios.items():
+        for t in range(traces):
+            bel = 800.0 if binds else 1000.0
+            lru = bel if not binds else min(bel * ratio * (1 + 0.01 * rng.standard_normal()), 1000.0)
+            rows.append({"condition": cond, "workload": cond.split(" at ")[0], "fraction": 0.4, "trace": t,
+                         "requests": 12, "pool blocks": 40, "working set blocks": 100, "LRU hit tokens": lru,
+                         "Belady hit tokens": bel, "optimal hit tokens": 1000.0})
+    return pd.DataFrame(rows)
+
+
+def test_judge_c4_is_decided_over_seeded_traces_against_belady():
+    from studylib.claims import CONDITIONAL, FAILS, HOLDS, INCONCLUSIVE, corrected_confidence
+    from studylib.decisions import declared
     from studylib.experiments import ch04_prefix_cache as ch04
 
-    rows = ch04.judge_c4(_summary(), _curve(0.99), None, "c")
+    k = declared("C4", 4).tried
+    assert k == 20  # every shared-prefix workload x every pool fraction below the working set
+    rows = ch04.judge_c4(_summary(), _curve(0.99), None, "c", _tc({MT: 0.99, FS: 0.99}))
     assert [r.role for r in rows].count("decision") == 1 and rows[0].verdict == HOLDS
     decisive = rows[1]
-    assert "Belady" in decisive.metric and decisive.threshold == 0.95 and decisive.unit == "requests"
-    assert decisive.n == 12 and decisive.verdict == HOLDS
+    assert "Belady" in decisive.metric and decisive.threshold == 0.95 and decisive.unit == "traces"
+    # the unit is the trace, never the requests inside one; the family is the declared one, recorded
+    assert decisive.n == 10 and decisive.verdict == HOLDS and decisive.tried == k
+    assert decisive.confidence == pytest.approx(corrected_confidence(k))
+    assert decisive.ci_method == ch04.TRACE_CI
     shown = [r for r in rows[1:] if r.by_construction]
     assert len(shown) == 2 and "not counted, true by construction" in rows[0].conditions
-    assert any("no-sharing" in r.metric for r in shown)
-    # LRU far below the clairvoyant reference, whole CI under the bar: the claim fails, although every
-    # pool holding the working set still reaches the never-evicting optimum.
-    rows = ch04.judge_c4(_summary(), _curve(0.6, ci=(0.5, 0.7)), None, "c")
+    # one condition clearly below the bar, another clearly above: it holds where it clears, by name
+    mixed = ch04.judge_c4(_summary(), _curve(0.99), None, "c", _tc({MT: 0.5, FS: 0.99}))
+    assert mixed[0].verdict == CONDITIONAL and MT in mixed[1].conditions and "misses" in mixed[1].conditions
+    # LRU far below the clairvoyant reference everywhere: the claim fails, although every pool holding the
+    # working set still reaches the never-evicting optimum
+    rows = ch04.judge_c4(_summary(), _curve(0.99), None, "c", _tc({MT: 0.6, FS: 0.6}))
     assert rows[0].verdict == FAILS and rows[1].verdict == FAILS
     assert all(r.verdict == HOLDS for r in rows[1:] if r.by_construction)
-    # Too few requests for a CI to decide: inconclusive, whatever the ratio.
-    assert ch04.judge_c4(_summary(), _curve(1.0, ci=(1.0, 1.0), n=4), None, "c")[0].verdict == INCONCLUSIVE
-    # The control and the identity check need enough requests too.
-    assert ch04.judge_c4(_summary(control_requests=4), _curve(0.99), None, "c")[0].verdict == INCONCLUSIVE
+    # too few traces for a CI to decide: inconclusive, whatever the ratio (many requests do not help)
+    assert ch04.judge_c4(_summary(), _curve(0.99), None, "c", _tc({MT: 0.99}, traces=4))[0].verdict == INCONCLUSIVE
+    # the control and the identity check need enough requests too
+    assert ch04.judge_c4(_summary(control_requests=4), _curve(0.99), None, "c",
+                         _tc({MT: 0.99}))[0].verdict == INCONCLUSIVE
     changed = _summary(identical=(False, True))
-    assert ch04.judge_c4(changed, _curve(0.99), None, "c")[0].verdict == FAILS  # outputs must never change
-    # No pool below the working set was run: nothing decides the claim.
-    full_only = _curve(0.99)
-    full_only = full_only[full_only["pool blocks"] >= 100]
-    assert ch04.judge_c4(_summary(), full_only, None, "c")[0].verdict == INCONCLUSIVE
-    # A pool below the working set that still holds every shared prefix (no policy loses a hit) sits at a
-    # degenerate 1 [1, 1]: it is shown with the pools that hold the working set, never counted.
-    idle = ch04.judge_c4(_summary(), _curve(1.0, binds=False), None, "c")
-    assert idle[0].verdict == INCONCLUSIVE and "no pool below the working set where eviction binds" in idle[1].conditions
-    assert any("every shared prefix" in r.metric and r.by_construction for r in idle)
+    assert ch04.judge_c4(changed, _curve(0.99), None, "c", _tc({MT: 0.99}))[0].verdict == FAILS
+    # no seeded traces: nothing decides the claim
+    assert ch04.judge_c4(_summary(), _curve(0.99), None, "c")[0].verdict == INCONCLUSIVE
+    # a condition where eviction costs no trace a hit tests no policy: named, not judged
+    idle = ch04.judge_c4(_summary(), _curve(1.0), None, "c", _tc({MT: 1.0}, binds=False))
+    assert idle[0].verdict == INCONCLUSIVE and f"eviction costs no trace a hit at {MT}" in idle[1].conditions
+    # a condition that was not declared before the run makes the result exploratory
+    odd = ch04.judge_c4(_summary(), _curve(0.99), None, "c", _tc({"few_shot at 0.3x the working set": 0.99}))
+    assert odd[1].exploratory and odd[1].verdict == INCONCLUSIVE
+
+
+def test_trace_curve_replays_every_seeded_trace_below_the_working_set():
+    import random
+
+    import pandas as pd
+
+    from studylib.experiments import ch04_prefix_cache as ch04
+
+    rows = []
+    for trace in range(3):
+        rng = random.Random(trace)
+        heads = [[rng.randrange(90) for _ in range(64)] for _ in range(3)]
+        for i in range(12):
+            rows.append({"workload": "few_shot", "cache": "radix", "order": i, "trace": trace,
+                         "prompt": rng.choice(heads) + [rng.randrange(90) for _ in range(12)],
+                         "tokens": [rng.randrange(90) for _ in range(5)]})
+    tc = ch04.trace_curve(pd.DataFrame(rows), 8, [0.3, 0.6, 1.0, 1.25])
+    assert sorted(set(tc.condition)) == ["few_shot at 0.3x the working set", "few_shot at 0.6x the working set"]
+    assert len(tc) == 6 and set(tc.trace) == {0, 1, 2}  # one row per trace and fraction below 1
+    assert (tc["optimal hit tokens"] >= tc["Belady hit tokens"]).all()
+    assert (tc["pool blocks"] < tc["working set blocks"]).all()
+    table = ch04.trace_table(tc)
+    assert list(table.traces) == [3, 3] and "seeded traces" in ch04.trace_text(tc)
 
 
 def test_pool_curve_puts_lru_beside_belady_and_the_optimum():
@@ -210,5 +264,5 @@ def test_judge_c4_rows_are_judged_as_declared():
     from studylib.decisions import stamp
     from studylib.experiments import ch04_prefix_cache as ch04
 
-    for curve in (_curve(0.99), _curve(0.6, ci=(0.5, 0.7)), _curve(1.0, n=4)):
-        stamp(ch04.judge_c4(_summary(), curve, None, "c"), 4)  # raises on a row the declaration does not name
+    for tc in (_tc({MT: 0.99}), _tc({MT: 0.6, FS: 0.99}), _tc({MT: 1.0}, traces=4), None):
+        stamp(ch04.judge_c4(_summary(), _curve(0.99), None, "c", tc), 4)  # raises on an undeclared row

@@ -355,6 +355,18 @@ def test_the_declared_drift_is_what_the_ledger_gave_before_it_was_declared():
     est = sd.estimate_from_ledger(ledger.read())
     assert sd.declared_from(est) == sd.DECLARED
     assert all(sd.DECLARED[k] >= v["sd"] for k, v in est.items())
+    assert {k: v["df"] for k, v in est.items()} == sd.DECLARED_DF  # and the df its quantile takes
+
+
+def test_a_drift_seen_in_few_sessions_widens_more_than_one_seen_in_many():
+    from studylib.bench.stats import run_estimate
+
+    vals = [1.0, 1.01, 0.99, 1.005, 0.995]
+    few, many, z = (run_estimate(vals, session_sd=0.05, session_df=df) for df in (2, 60, None))
+    assert few.ci_high - few.ci_low > many.ci_high - many.ci_low > z.ci_high - z.ci_low
+    assert "t on its 2 df" in few.method
+    with pytest.raises(ValueError, match="session_df"):
+        run_estimate(vals, session_sd=0.05, session_df=0)
 
 
 def test_the_drift_estimate_keeps_the_last_run_of_a_chapter_per_commit_and_pools_by_kind():

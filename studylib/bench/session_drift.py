@@ -7,10 +7,12 @@ VM landed on, its neighbours, its clocks), so a claim about the machine class ha
 components: between runs inside a session (which the runs measure) and between sessions (which they
 cannot). ``stats.run_estimate`` adds the second as a *declared* standard deviation on the log scale:
 
-    half-width = sqrt((t_{n-1} * s / sqrt(n))**2 + (z * sd_between)**2)
+    half-width = sqrt((t_{n-1} * s / sqrt(n))**2 + (t_{df_between} * sd_between)**2)
 
-(t and z at the CI's confidence; a sum of squares of the two half-widths, which is at least the normal
-interval of the combined variance, so the coverage errs on the safe side).
+(both t at the CI's confidence; a sum of squares of the two half-widths, which is at least the interval
+of the combined variance, so the coverage errs on the safe side). sd_between is itself an estimate from a
+few sessions, so its quantile is Student's t on the degrees of freedom it was estimated with, not z: a
+spread seen in few sessions widens the interval more than one seen in many.
 
 The declared values are fixed here, before the run that they widen, from the ledger of earlier
 sessions (``estimate_from_ledger`` over the lines written up to ``AS_OF``; ``python -m
@@ -33,16 +35,20 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from studylib.verdict import LEGACY_UNITS, RUNS
+
 ARM_VS_ARM, VS_MACHINE = "arm_vs_arm", "vs_machine"
 # Declared before the run (see the module docstring): sd of log(value) between sessions, per kind.
-AS_OF = "2026-12-06T05:06:00+00:00"
-DECLARED = {ARM_VS_ARM: 0.03, VS_MACHINE: 0.07}
+AS_OF = "2026-12-06T09:00:00+00:00"
+DECLARED = {ARM_VS_ARM: 0.04, VS_MACHINE: 0.06}
+# the degrees of freedom each sd was estimated with (sessions - 1, pooled): the t quantile's
+DECLARED_DF = {ARM_VS_ARM: 66, VS_MACHINE: 8}
 # Whole-run metric keys (``WholeRuns`` metrics) measured against the machine rather than arm against arm.
 VS_MACHINE_METRICS = ("bytes_share", "bandwidth_fraction", "tok_s", "throughput")
 # In the ledger a row carries its claim, not its metric key: C1's whole-run row is the bytes share and
 # C2's the bandwidth fraction (both against the machine); every other whole-run row is a speed-up or gain.
 VS_MACHINE_CLAIMS = ("C1", "C2")
-RUN_UNITS = ("whole runs", "repeats")  # "repeats" is the earlier name of the unit, in older ledger lines
+RUN_UNITS = (RUNS, *LEGACY_UNITS)  # the unit and its earlier names, as older ledger lines carry them
 
 
 def kind_of(metric: str) -> str:
@@ -53,6 +59,11 @@ def kind_of(metric: str) -> str:
 def sd_between(metric: str) -> float:
     """The declared between-session sd (log scale) that widens ``metric``'s CI over whole runs."""
     return DECLARED[kind_of(metric)]
+
+
+def df_between(metric: str) -> int:
+    """The degrees of freedom ``sd_between(metric)`` was estimated with (its quantile is t on them)."""
+    return DECLARED_DF[kind_of(metric)]
 
 
 def estimate_from_ledger(lines: Iterable[Mapping[str, Any]], as_of: str = AS_OF) -> dict[str, dict[str, float]]:
@@ -94,8 +105,8 @@ def main() -> int:
 
     est = estimate_from_ledger(ledger.read())
     for k, v in sorted(est.items()):
-        print(f"{k}: sd {v['sd']:.4f} over {v['df']:g} df -> declare {declared_from(est)[k]:.2f} "
-              f"(declared now {DECLARED.get(k)})")
+        print(f"{k}: sd {v['sd']:.4f} over {v['df']:g} df -> declare {declared_from(est)[k]:.2f} on "
+              f"{v['df']:g} df (declared now {DECLARED.get(k)} on {DECLARED_DF.get(k)} df)")
     return 0
 
 

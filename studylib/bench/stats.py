@@ -204,30 +204,36 @@ def no_ci(n: int = 0, samples: Sequence[float] = (), confidence: float = 0.95, m
     return Estimate(nan, nan, nan, int(n), list(samples), confidence, method, 0.0)
 
 
-def run_estimate(run_values: Sequence[float], confidence: float = 0.95, session_sd: float = 0.0) -> Estimate:
+def run_estimate(run_values: Sequence[float], confidence: float = 0.95, session_sd: float = 0.0,
+                 session_df: int | None = None) -> Estimate:
     """The CI of a machine-level number over whole runs: one value per run (each run's own median over its
     prompts), Student's t on their logs with n - 1 degrees of freedom, back-transformed. The point is the
     runs' geometric mean. No resampling, so no Monte Carlo error. Needs positive values; with fewer than 2
     runs there is no CI.
 
     ``session_sd`` (log scale, declared in ``studylib.bench.session_drift``) is the spread between sessions
-    that runs inside one session cannot see; the half-width is sqrt((t s/sqrt(n))^2 + (z session_sd)^2),
-    so a number near its bar reads inconclusive in every session rather than holds in one of them."""
+    that runs inside one session cannot see; the half-width is sqrt((t s/sqrt(n))^2 + (q session_sd)^2),
+    so a number near its bar reads inconclusive in every session rather than holds in one of them. q is
+    Student's t on ``session_df`` (the degrees of freedom the sd was estimated with), or z without them."""
     x = np.asarray([float(v) for v in run_values], dtype=float)
     if x.size and (not np.all(np.isfinite(x)) or np.any(x <= 0)):
         raise ValueError(f"run_estimate needs positive finite per-run values, got {x.tolist()}")
     if not (math.isfinite(session_sd) and session_sd >= 0):
         raise ValueError(f"session_sd must be a finite sd >= 0 on the log scale, got {session_sd}")
     method = f"{RUN_T} ({max(x.size - 1, 0)} df)"
+    if session_df is not None and session_df < 1:
+        raise ValueError(f"session_df must be at least 1, got {session_df}")
     if session_sd > 0:
-        method += f" and a declared between-session sd of {session_sd:g} (log)"
+        method += f" and a declared between-session sd of {session_sd:g} (log" + (
+            f", t on its {session_df} df)" if session_df else ")")
     if x.size < 2:
         v = float(x[0]) if x.size else float("nan")
         return Estimate(v, float("nan"), float("nan"), int(x.size), x.tolist(), confidence, method, 0.0)
     logs = np.log(x)
     m, s = float(logs.mean()), float(logs.std(ddof=1))
     within = float(stats.t.ppf((1 + confidence) / 2, x.size - 1)) * s / np.sqrt(x.size)
-    between = float(stats.norm.ppf((1 + confidence) / 2)) * session_sd
+    q = stats.t.ppf((1 + confidence) / 2, session_df) if session_df else stats.norm.ppf((1 + confidence) / 2)
+    between = float(q) * session_sd
     half = math.hypot(within, between)
     return Estimate(float(np.exp(m)), float(np.exp(m - half)), float(np.exp(m + half)), int(x.size), x.tolist(),
                     confidence, method, 0.0)

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from studylib.bench.session_drift import sd_between
+from studylib.bench.session_drift import df_between, sd_between
 from studylib.bench.stats import Estimate, no_ci, run_estimate
 from studylib.errors import StudylibError
 
@@ -69,7 +69,7 @@ class WholeRuns:
         vals = self.values(metric)
         if any(not math.isfinite(v) or v <= 0 for v in vals):
             return no_ci(len(vals), vals, confidence, "no CI: a run's value is not a positive number")
-        return run_estimate(vals, confidence, session_sd=sd_between(metric))
+        return run_estimate(vals, confidence, session_sd=sd_between(metric), session_df=df_between(metric))
 
     def get(self, metric: str, confidence: float = 0.95) -> Estimate | None:
         """``estimate(metric)``, or None when some run did not measure it (e.g. no bytes fit on a GPU)."""

@@ -238,9 +238,10 @@ def _alpha(g: pd.DataFrame) -> float:
     return float(g.accepted.sum() / n) if n else float("nan")
 
 
-def summarise(df: pd.DataFrame, by: str = "category") -> pd.DataFrame:
-    """Per (``by``, method): paired speedup over AR with a 95% CI, mean tokens per target step, alpha,
-    acceptance rate (accepted / proposed) and the exact-match rate against AR. ``by="all"``: one group."""
+def summarise(df: pd.DataFrame, by: str = "category", confidence: float = 0.95) -> pd.DataFrame:
+    """Per (``by``, method): paired speedup over AR with a CI at ``confidence`` (95% for the tables; the
+    decision's corrected level in ``c3_verdicts``), mean tokens per target step, alpha, acceptance rate
+    (accepted / proposed) and the exact-match rate against AR. ``by="all"``: one group."""
     if by == "all":
         df = df.assign(all="all")
     pp = df.groupby([by, "prompt", "method"], as_index=False, sort=False).agg(
@@ -252,8 +253,8 @@ def summarise(df: pd.DataFrame, by: str = "category") -> pd.DataFrame:
         base = g[g.method == "ar"].set_index("prompt")
         for m, gm in g.groupby("method", sort=False):
             gm = gm.set_index("prompt").loc[base.index]
-            sp = ratio_estimate(base.s_per_token.values, gm.s_per_token.values)
-            tps = estimate(gm.tokens_per_step)
+            sp = ratio_estimate(base.s_per_token.values, gm.s_per_token.values, confidence=confidence)
+            tps = estimate(gm.tokens_per_step, confidence=confidence)
             rows.append({
                 by: key, "method": m, "prompts": len(gm), "speedup": sp.value, "speedup_lo": sp.ci_low,
                 "speedup_hi": sp.ci_high, "tokens_per_step": float(gm.tokens_per_step.mean()),
@@ -402,26 +403,55 @@ def timing_run(model: str, weights: str, act: str, eagle_head: str, headline: st
     return out
 
 
-def speed_over_runs(runs, temperature: float, workloads=None) -> dict:
-    """Per workload, the headline's speed-up at ``temperature`` over whole runs (t on the log of the runs).
-    ``workloads``: the main run's; one the runs did not measure stays a condition without a CI."""
+def speed_over_runs(runs, temperature: float, workloads=None, confidence: float = 0.95) -> dict:
+    """Per workload, the headline's speed-up at ``temperature`` over whole runs (t on the log of the runs),
+    each CI at ``confidence``. ``workloads``: the main run's; one the runs did not measure stays a
+    condition without a CI."""
     from studylib.bench.stats import no_ci
 
     key = f"speedup:T{temperature:g}:"
-    found = {m.removeprefix(key): runs.estimate(m) for m in runs.metrics() if m.startswith(key)}
+    found = {m.removeprefix(key): runs.estimate(m, confidence) for m in runs.metrics() if m.startswith(key)}
     for w in workloads or ():
-        found.setdefault(w, no_ci())
+        found.setdefault(w, no_ci(confidence=confidence))
     return found
 
 
+def c3_confidence() -> tuple[float, int]:
+    """The level of every C3 CI in this chapter and how many conditions it is corrected for: Bonferroni
+    over the workloads C3@2 declares, since any one clearing would carry a part."""
+    from studylib.claims import corrected_confidence
+    from studylib.decisions import declared
+
+    k = declared("C3", CHAPTER).tried
+    return corrected_confidence(k), k
+
+
 def c3_verdicts(by_workload: pd.DataFrame, headline: str, sampling: pd.DataFrame | None,
-                conditions: str, t1: pd.DataFrame | None = None, runs=None) -> list:
+                conditions: str, t1: pd.DataFrame | None = None, runs=None, greedy: pd.DataFrame | None = None,
+                sampled: pd.DataFrame | None = None) -> list:
     """C3 from this chapter: one decision over its parts, all needed at once for the ``headline`` method
     (declared before the run, not picked after it): greedy exactness of every method (all or nothing);
     the sampling distribution unchanged, with a known-wrong sampler rejected (all or nothing); tokens per
     target forward >= 1.1 and a wall-clock speedup > 1 per workload (CI over prompts), at T=0 and, when
-    given, at T=1."""
+    given, at T=1.
+
+    The workloads are a family (any one clearing carries a part): given the per-prompt rows (``greedy``,
+    and ``sampled`` for T=1), every CI is recomputed at the Bonferroni level for the declared workloads
+    (``c3_confidence``), the speed-ups over ``runs`` too, and the rows record ``tried``; without them the
+    rows are judged at the level ``by_workload`` carries and say they are uncorrected."""
     from studylib.claims import decide_parts, judge_at_least, judge_checks
+
+    confidence, k = c3_confidence()
+    corrected = k > 1 and greedy is not None and (t1 is None or sampled is not None)
+    if corrected:
+        by_workload = summarise(greedy, "workload", confidence)
+        t1 = summarise(sampled, "workload", confidence) if t1 is not None else None
+    else:
+        confidence = 0.95
+    tried = k if corrected else None
+    family = (f"each CI at {confidence:.2%}, Bonferroni over the {k} declared workloads" if corrected else
+              f"CIs at 95%, not corrected for the {k} workloads (no per-prompt rows given)" if k > 1 else "")
+    conditions_c = "; ".join(x for x in (conditions, family) if x)
 
     s = by_workload[by_workload.method != "ar"]
     exact = {f"{r.method} on {r.workload} ({r.prompts} prompts)": r.exact_match == 1.0 for r in s.itertuples()}
@@ -447,7 +477,8 @@ def c3_verdicts(by_workload: pd.DataFrame, headline: str, sampling: pd.DataFrame
                         "n": r.prompts, "mc_error": getattr(r, "tokens_per_step_mc", 0.0),
                         "method": getattr(r, "tokens_per_step_method", None)} for r in m.itertuples()}
     parts.append(judge_at_least("C3", f"tokens per target forward, {headline}", tps,
-                                1.1, "several tokens per forward pass (> 1; bar 1.1)", conditions, CHAPTER))
+                                1.1, "several tokens per forward pass (> 1; bar 1.1)", conditions_c, CHAPTER,
+                                confidence=confidence, tried=tried))
     # The speed-ups are machine-level numbers: judged over whole runs (``runs``, t on the log of the run
     # medians), the main run's prompt-level CIs shown beside them; without runs they count no repeats.
     def beside(df) -> str:
@@ -455,19 +486,22 @@ def c3_verdicts(by_workload: pd.DataFrame, headline: str, sampling: pd.DataFrame
             f"{w} {v:.3g} [{lo:.3g}, {hi:.3g}]" for w, (v, lo, hi, _) in per_workload(df, "speedup").items())
 
     note = f"{len(runs.runs)} whole runs (fresh processes, engine and head reloaded)" if runs is not None else ""
-    speed0 = speed_over_runs(runs, 0.0, list(m.workload)) if runs is not None else per_workload(m, "speedup")
+    speed0 = (speed_over_runs(runs, 0.0, list(m.workload), confidence) if runs is not None
+              else per_workload(m, "speedup"))
     parts.append(judge_at_least("C3", f"wall-clock speedup over AR, {headline}, T=0", speed0, 1.0, "faster than AR",
-                                "; ".join(x for x in (conditions, note, beside(m) if runs is not None else "") if x),
-                                CHAPTER, unit="whole runs"))
+                                "; ".join(x for x in (conditions, note, beside(m) if runs is not None else "", family)
+                                          if x), CHAPTER, unit="whole runs", confidence=confidence, tried=tried))
     if t1 is not None:
         m1 = t1[t1.method == headline]
         if len(m1):
-            speed1 = speed_over_runs(runs, 1.0, list(m1.workload)) if runs is not None else per_workload(m1, "speedup")
+            speed1 = (speed_over_runs(runs, 1.0, list(m1.workload), confidence) if runs is not None
+                      else per_workload(m1, "speedup"))
             cond1 = conditions.replace("greedy", "T=1")
             parts.append(judge_at_least("C3", f"wall-clock speedup over AR, {headline}, T=1", speed1, 1.0,
                                         "faster than AR",
-                                        "; ".join(x for x in (cond1, note, beside(m1) if runs is not None else "")
-                                                  if x), CHAPTER, unit="whole runs"))
+                                        "; ".join(x for x in (cond1, note, beside(m1) if runs is not None else "",
+                                                              family) if x), CHAPTER, unit="whole runs",
+                                        confidence=confidence, tried=tried))
     return decide_parts("C3", f"parallel decoding, lossless and faster ({headline})", parts,
                         "lossless, several tokens per forward, faster than AR", conditions, CHAPTER)
 

@@ -176,9 +176,10 @@ def _per_prompt(df: pd.DataFrame) -> pd.DataFrame:
         equal_to_ar=("equal_to_ar", "all"), new_tokens=("new_tokens", "median"))
 
 
-def summarise(df: pd.DataFrame, by_workload: bool = True) -> pd.DataFrame:
-    """Per (workload, method): compression and paired wall-clock speedup over AR, each with a 95% CI,
-    FLOPs per token relative to AR, and whether every output equalled AR's."""
+def summarise(df: pd.DataFrame, by_workload: bool = True, confidence: float = 0.95) -> pd.DataFrame:
+    """Per (workload, method): compression and paired wall-clock speedup over AR, each with a CI at
+    ``confidence`` (95% for the tables; the decision's corrected level in ``c3_verdicts``), FLOPs per
+    token relative to AR, and whether every output equalled AR's."""
     pp = _per_prompt(df)
     keys = ["workload"] if by_workload else []
     rows = []
@@ -186,9 +187,9 @@ def summarise(df: pd.DataFrame, by_workload: bool = True) -> pd.DataFrame:
         base = g[g.method == "ar"].set_index("prompt")
         for m, gm in g.groupby("method", sort=False):
             gm = gm.set_index("prompt").loc[base.index]
-            comp = estimate(gm.compression)
-            sp = ratio_estimate(base.wall_s.values, gm.wall_s.values)
-            dec = ratio_estimate(base.decode_s.values, gm.decode_s.values)
+            comp = estimate(gm.compression, confidence=confidence)
+            sp = ratio_estimate(base.wall_s.values, gm.wall_s.values, confidence=confidence)
+            dec = ratio_estimate(base.decode_s.values, gm.decode_s.values, confidence=confidence)
             rows.append({
                 "workload": key[0] if isinstance(key, tuple) else key, "method": m, "prompts": len(gm),
                 "compression": comp.value, "compression_lo": comp.ci_low, "compression_hi": comp.ci_high,
@@ -357,28 +358,58 @@ def timing_run(model: str, weights: str, act: str, workloads: Mapping[str, int],
     return out
 
 
-def speed_over_runs(runs, summary: pd.DataFrame, method: str) -> dict:
-    """Per workload, the speed-up's CI over whole runs, keyed as ``c3_verdicts`` takes it."""
+def c3_confidence(chapter: int = 3) -> tuple[float, int]:
+    """The level of every C3 CI here and how many conditions it is corrected for: Bonferroni over the
+    workloads (and configurations) C3 declares for this chapter, since any one clearing would carry a part."""
+    from studylib.claims import corrected_confidence
+    from studylib.decisions import declared
+
+    k = declared("C3", chapter).tried
+    return corrected_confidence(k), k
+
+
+def speed_over_runs(runs, summary: pd.DataFrame, method: str, confidence: float = 0.95) -> dict:
+    """Per workload, the speed-up's CI over whole runs at ``confidence``, keyed as ``c3_verdicts`` takes it."""
     from studylib.bench.stats import no_ci
 
     # a workload the runs did not measure stays a condition, with no CI: it cannot clear the bar unseen
-    return {w: runs.get(f"speedup:{w}") or no_ci() for w in summary.loc[summary.method == method, "workload"]}
+    return {w: runs.get(f"speedup:{w}", confidence) or no_ci(confidence=confidence)
+            for w in summary.loc[summary.method == method, "workload"]}
 
 
 def c3_verdicts(summary: pd.DataFrame, method: str, chapter: int = 3, conditions: str = "",
-                speed_runs: Mapping | None = None, runs_note: str = "") -> list:
+                speed_runs: Mapping | None = None, runs_note: str = "", per_prompt: pd.DataFrame | None = None,
+                timing=None) -> list:
     """C3 from this chapter: one decision over the parts that must all hold for ``method`` (declared in
     the parameters, not picked after the run): exactness of every method (all or nothing), new tokens
     per target forward >= 1.1 (CI over prompts: a count of tokens, the same in every process) and a
     wall-clock speedup > 1 per workload. The speed-up is a machine-level number: it is judged over whole
     runs (``speed_runs``, one median per run and workload, t on their logs), the main run's prompt-level
     CIs shown beside it; without whole runs the prompt-level CI is judged, and as repeats are declared
-    it rests on too few units to decide."""
+    it rests on too few units to decide.
+
+    The workloads are a family (any one clearing carries a part): with the per-prompt rows
+    (``per_prompt``, ``run_methods``' frame) and the whole runs (``timing``), every CI is recomputed at the
+    Bonferroni level for the declared workloads (``c3_confidence``) and the rows record ``tried``; without
+    them the rows are judged at the level ``summary`` carries and say they are uncorrected."""
     from studylib.claims import decide_parts, judge_at_least, judge_checks
 
     s = summary[summary.method != "ar"]
     exact = {f"{r.method} on {r.workload} ({r.prompts} prompts)": r.exact for r in s.itertuples()}
-    m = s[s.method == method]
+    confidence, k = c3_confidence(chapter)
+    corrected = k > 1 and per_prompt is not None and (speed_runs is None or timing is not None)
+    if corrected:
+        sc = summarise(per_prompt, confidence=confidence)
+        sc = sc[sc.method == method]
+        if timing is not None:
+            speed_runs = speed_over_runs(timing, sc, method, confidence)
+    else:
+        sc, confidence = s, 0.95
+    tried = k if corrected else None
+    family = (f"each CI at {confidence:.2%}, Bonferroni over the {k} declared workloads" if corrected else
+              f"CIs at 95%, not corrected for the {k} workloads (no per-prompt rows or runs given)" if k > 1 else "")
+    conditions_c = "; ".join(x for x in (conditions, family) if x)
+    m = sc[sc.method == method]
     comp = {r.workload: {"value": r.compression, "ci_low": r.compression_lo, "ci_high": r.compression_hi,
                          "n": r.prompts, "mc_error": getattr(r, "compression_mc", 0.0),
                          "method": getattr(r, "compression_method", None)} for r in m.itertuples()}
@@ -391,9 +422,11 @@ def c3_verdicts(summary: pd.DataFrame, method: str, chapter: int = 3, conditions
                      "lossless: \"without losing coherence\"", conditions, chapter,
                      n=int(s.groupby("method")["prompts"].sum().min()) if len(s) else 0, unit="prompts"),
         judge_at_least("C3", f"new tokens per target forward, {method}", comp, 1.1,
-                       "several tokens per forward pass (> 1; bar 1.1)", conditions, chapter),
+                       "several tokens per forward pass (> 1; bar 1.1)", conditions_c, chapter,
+                       confidence=confidence, tried=tried),
         judge_at_least("C3", f"wall-clock speedup over AR, {method}", speed_runs or speed, 1.0,
-                       "faster than AR (paper: 1.5-2.3x)", speed_cond, chapter, unit="whole runs"),
+                       "faster than AR (paper: 1.5-2.3x)", "; ".join(x for x in (speed_cond, family) if x), chapter,
+                       unit="whole runs", confidence=confidence, tried=tried),
     ]
     return decide_parts("C3", f"parallel decoding, lossless and faster ({method})", parts,
                         "lossless, several tokens per forward, faster than AR", conditions, chapter)

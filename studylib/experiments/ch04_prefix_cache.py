@@ -207,6 +207,122 @@ def pool_curve(df: pd.DataFrame, block_size: int, fractions: Sequence[float],
     return pd.DataFrame(rows)
 
 
+def condition_name(workload: str, fraction: float) -> str:
+    """One declared eviction condition: a shared-prefix workload at a pool of ``fraction`` x its working set."""
+    return f"{workload} at {fraction:g}x the working set"
+
+
+def eviction_conditions(fractions: Sequence[float]) -> list[str]:
+    """The conditions C4's eviction part judges: every shared-prefix workload at every pool fraction below
+    its working set (at or above it nothing is evicted). ``decisions.yaml`` declares them (C4@4)."""
+    return [condition_name(w, f) for w in SHARING for f in fractions if f < 1]
+
+
+def run_traces(model, tokenizer, sizes: Mapping[str, Mapping], seeds: Sequence[int], *, block_size: int = 16,
+               capacity_tokens: int = 4096) -> pd.DataFrame:
+    """Independently seeded traces of every shared-prefix workload, radix arm only: one row per (trace,
+    request), ``trace`` = the seed. Each seed draws other documents, questions, chats and reasoning steps,
+    and the model's own replies close the loop, so the traces are independent samples of the workload
+    family; the eviction decision resamples them as clusters (a trace's requests share its pool)."""
+    frames = []
+    for s in progress_bar(list(seeds), desc="ch04 seeded traces"):
+        wl = build_workloads(tokenizer, {k: sizes[k] for k in SHARING if k in sizes}, seed=int(s))
+        df = run_all(model, tokenizer, wl, block_size=block_size, capacity_tokens=capacity_tokens, caches=("radix",))
+        frames.append(df.assign(trace=int(s)))
+    return pd.concat(frames, ignore_index=True)
+
+
+def trace_curve(traces: pd.DataFrame, block_size: int, fractions: Sequence[float]) -> pd.DataFrame:
+    """Per seeded trace, workload and pool fraction below the working set: the hit tokens of the radix
+    cache's LRU, of the clairvoyant Belady reference at the same pool and of the never-evicting optimum
+    (each trace's pool is the fraction of its own working set, never below its largest request)."""
+    rows = []
+    for (name, seed), w in traces.groupby(["workload", "trace"], sort=False):
+        seqs = _sequences(w)
+        trace = Trace(seqs, block_size)
+        ws = working_set_blocks(seqs, block_size)
+        floor = min_pool_blocks(seqs, block_size)
+        best = replay_hits(seqs, block_size=block_size, num_blocks=max(ws, floor))["hit_tokens"]
+        for f in fractions:
+            if f >= 1:
+                continue
+            nb = max(int(round(f * ws)), floor)
+            r = compare_policies(trace, block_size=block_size, num_blocks=nb)
+            rows.append({"condition": condition_name(name, f), "workload": name, "fraction": f, "trace": int(seed),
+                         "requests": len(seqs), "pool blocks": nb, "working set blocks": ws,
+                         "LRU hit tokens": r["lru"]["hit_tokens"], "Belady hit tokens": r["belady"]["hit_tokens"],
+                         "optimal hit tokens": best})
+    return pd.DataFrame(rows)
+
+
+TRACE_CI = "BCa bootstrap over seeded traces (each a cluster of requests)"
+
+
+def eviction_confidence() -> float:
+    """The level of every eviction CI: Bonferroni over the conditions C4@4 declares."""
+    from studylib.claims import corrected_confidence
+    from studylib.decisions import declared
+
+    return corrected_confidence(declared("C4", CHAPTER).tried)
+
+
+def eviction_estimates(tc: pd.DataFrame, confidence: float) -> tuple[dict, list[str]]:
+    """Per condition, LRU hit tokens / Belady hit tokens summed over traces, with a BCa CI that resamples
+    whole traces (``ratio_of_sums`` on per-trace sums) at ``confidence``. Conditions where eviction costs
+    no trace a hit under either policy are returned apart (``idle``): there the ratio is 1 by construction
+    and tests no eviction policy."""
+    est, idle = {}, []
+    for cond, g in tc.groupby("condition", sort=False):
+        opt = g["optimal hit tokens"]
+        if not ((g["Belady hit tokens"] < opt) | (g["LRU hit tokens"] < opt)).any():
+            idle.append(cond)
+            continue
+        e = ratio_of_sums(g["LRU hit tokens"], g["Belady hit tokens"], confidence=confidence)
+        est[cond] = {"value": e.value, "ci_low": e.ci_low, "ci_high": e.ci_high, "n": e.n,
+                     "mc_error": e.mc_error, "method": TRACE_CI}
+    return est, idle
+
+
+def trace_table(tc: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
+    """The eviction conditions over seeded traces: pool sizes, in how many traces eviction cost a hit, and
+    LRU's share of Belady's hit tokens with its CI over traces (at ``confidence``)."""
+    est, _ = eviction_estimates(tc, confidence)
+    rows = []
+    for cond, g in tc.groupby("condition", sort=False):
+        opt = g["optimal hit tokens"]
+        e = est.get(cond)
+        rows.append({"condition": cond, "traces": g.trace.nunique(),
+                     "pool blocks": _span(g["pool blocks"], ".0f"),
+                     "traces where eviction costs a hit": int(((g["Belady hit tokens"] < opt)
+                                                               | (g["LRU hit tokens"] < opt)).sum()),
+                     "LRU / Belady": e["value"] if e else 1.0,
+                     f"{confidence:.2%} CI": f"[{e['ci_low']:.3f}, {e['ci_high']:.3f}]" if e and np.isfinite(
+                         e["ci_low"]) else "none (nothing evicted)" if not e else "none",
+                     "Belady / optimal": g["Belady hit tokens"].sum() / max(opt.sum(), 1)})
+    return pd.DataFrame(rows)
+
+
+def trace_text(tc: pd.DataFrame) -> str:
+    """What the seeded traces show, read from the numbers (95% CIs here; the decision's are corrected)."""
+    if not len(tc):
+        return "No seeded traces were run, so the eviction policy was not judged."
+    est, idle = eviction_estimates(tc, 0.95)
+    n = int(tc["trace"].nunique())
+    text = f"Over {n} seeded traces per workload ({len(tc.condition.unique())} workload/pool conditions): "
+    if est:
+        lo_name = min(est, key=lambda c: est[c]["value"])
+        hi_name = max(est, key=lambda c: est[c]["value"])
+        lo, hi = est[lo_name], est[hi_name]
+        text += (f"where eviction costs a hit, LRU keeps from {lo['value']:.1%} ({lo_name}, 95% CI "
+                 f"[{lo['ci_low']:.1%}, {lo['ci_high']:.1%}]) to {hi['value']:.1%} ({hi_name}) of the clairvoyant "
+                 "reference's hit tokens at the same pool size.")
+    else:
+        text += "eviction cost no trace a hit, so no condition tests the policy."
+    if idle:
+        text += f" At {len(idle)} conditions ({', '.join(idle)}) nothing any trace shares was ever evicted."
+    return text
+
+
 def curve_table(curve: pd.DataFrame) -> pd.DataFrame:
     """The pool-size curve as a table: hit rates under each policy and LRU's share of Belady's hits."""
     c = curve.copy()
@@ -331,13 +447,17 @@ def _where(r) -> str:
     return f"{r['workload']} at {r['fraction of working set']:.2f}x the working set ({int(r['pool blocks'])} blocks{tag})"
 
 
-def judge_c4(summary: pd.DataFrame, curve: pd.DataFrame, det: pd.DataFrame, conditions: str) -> list:
+def judge_c4(summary: pd.DataFrame, curve: pd.DataFrame, det: pd.DataFrame, conditions: str,
+             tc: pd.DataFrame | None = None, trace_engine: str = "") -> list:
     """C4 ("the trie makes hits inevitable rather than accidental"), one decision (``decide_parts``):
 
     - decisive: LRU-radix hit tokens / Belady hit tokens (``studylib.kvcache.belady``: the same trace,
       pool size and tree/lock constraints, evicting the block used farthest in the future) >= 0.95,
-      per shared-prefix workload and pool size *below* the working set, on a bootstrap CI over
-      requests (``ratio_of_sums``);
+      per declared condition (``eviction_conditions``: each shared-prefix workload at each pool fraction
+      below its working set), on a BCa CI over independently seeded traces (``tc``, from ``trace_curve``;
+      a trace is one cluster, >= 10 needed), every CI at the Bonferroni level for the declared family
+      (C4@4's configurations, recorded as ``tried``). A condition where eviction costs no trace a hit
+      tests no policy: it is named, never judged, and still counts in the correction;
     - shown, not counted (``by_construction``): pools that hold the working set (nothing is evicted, so
       every policy reaches the never-evicting optimum), pools below it where eviction costs even the
       clairvoyant reference no hit (``_binds``: the pool still holds every shared prefix, the ratio sits
@@ -346,24 +466,29 @@ def judge_c4(summary: pd.DataFrame, curve: pd.DataFrame, det: pd.DataFrame, cond
     - the no-sharing control pays nothing (its TTFT within noise of the uncached arm).
 
     The TTFT gain is reported beside it, not judged: the source claims hits, not a TTFT figure."""
-    from studylib.claims import corrected_confidence, decide_parts, judge_at_least, judge_checks
+    from studylib.claims import decide_parts, judge_at_least, judge_checks
+    from studylib.decisions import declared, exploratory, undeclared
 
     claimed = "hits 'inevitable rather than accidental'"
-    small = _small(curve)
-    # every workload/pool pair is a condition that could clear the bar on its own: each CI is corrected for
-    # how many were judged (Bonferroni), recomputed from the per-request hits at that level
-    k = max(len(small), 1)
-    confidence = corrected_confidence(k)
-    est: dict = {}
-    for _, r in small.iterrows():
-        e = ratio_of_sums(r["LRU hits per request"], r["Belady hits per request"], confidence=confidence)
-        est[_where(r)] = {"value": e.value, "ci_low": e.ci_low, "ci_high": e.ci_high, "n": e.n,
-                          "mc_error": e.mc_error}
-    family = f"{k} workload/pool conditions judged, each CI at {confidence:.2%} (Bonferroni)" if k > 1 else ""
-    parts = [judge_at_least("C4", "LRU-radix hits / Belady hits, pool below the working set",
+    k = declared("C4", CHAPTER).tried
+    confidence = eviction_confidence()
+    tc = tc if tc is not None else pd.DataFrame(columns=["condition", "trace"])
+    est, idle = eviction_estimates(tc, confidence) if len(tc) else ({}, [])
+    n_traces = int(tc["trace"].nunique()) if len(tc) else 0
+    family = (f"{k} workload/pool conditions declared before the run, each CI at {confidence:.2%} (Bonferroni), "
+              f"over {n_traces} independently seeded traces" + (f" generated by {trace_engine}" if trace_engine else ""))
+    notes = [family]
+    if idle:
+        notes.append(f"eviction costs no trace a hit at {', '.join(idle)}: nothing there tests the policy, so it is "
+                     "not judged (it still counts in the correction)")
+    parts = [judge_at_least("C4", "LRU-radix hits / Belady hits, pool below the working set, over seeded traces",
                             est or {"no pool below the working set where eviction binds was run": float("nan")},
-                            BAR, claimed, "; ".join(x for x in (conditions, family) if x), CHAPTER, unit="requests",
-                            confidence=confidence)]
+                            BAR, claimed, "; ".join(x for x in (conditions, *notes) if x), CHAPTER, unit="traces",
+                            confidence=confidence, tried=k)]
+    unknown = undeclared("C4", CHAPTER, list(dict.fromkeys(tc["condition"]))) if len(tc) else []
+    if unknown:
+        parts[0] = exploratory(parts[0], f"conditions {', '.join(unknown)} are not among those declared before the "
+                                         "run")
     share = curve[curve.workload.isin(SHARING)]
     full = share[(share["pool blocks"] >= share["working set blocks"]) | ~_binds(share)]
     if len(full):
@@ -426,7 +551,8 @@ def curve_text(curve: pd.DataFrame) -> str:
         ci = f", 95% CI [{lo:.1%}, {hi:.1%}]" if np.isfinite(lo) else ", no CI"
         n = int(small["requests"].min())
         parts.append(
-            f"Below the working set, LRU keeps {_span(small['hit / Belady'], '.1%')} "
+            f"In this page's trace (one seed; the decision is over seeded traces, below), below the working set "
+            f"LRU keeps {_span(small['hit / Belady'], '.1%')} "
             f"of the clairvoyant Belady reference's hit tokens over {len(small)} workload/pool pairs. The lowest is "
             f"{worst.workload} at {worst['fraction of working set']:.2f}x its working set ({worst['hit / Belady']:.1%}"
             f"{ci}, n = {int(worst['requests'])} requests), where LRU evicted {int(worst['evicted blocks'])} blocks "
