@@ -358,6 +358,29 @@ def test_the_claims_figure_has_one_row_per_claim_and_chapter_with_the_part_that_
     assert got == [("C1", "weaker"), ("C6", "b"), ("C8", "a check")]
 
 
+def test_the_claims_figure_has_one_row_per_claim_at_print_size(tmp_path):
+    """A claim decided over two chapters is one row: the chapter whose decision took the study's verdict. The
+    figure is saved at the width it prints at, so its 9 pt labels print at 9 pt."""
+    from PIL import Image
+
+    from studylib.claims import CONDITIONAL, FAILS, HOLDS, INCONCLUSIVE, Verdict
+    from studylib.workbook.front import CLAIMS_FIGURE_IN, claim_rows, claims_figure
+
+    def row(i, ch, role, verdict, metric, value=None, bar=None):
+        return Verdict(i, "", metric, value, None if value is None else (value * 0.9, value * 1.1), "", verdict, "",
+                       ch, n=10, threshold=bar, direction="at_least" if bar else "check", role=role)
+
+    vs = [row("C3", 2, "decision", FAILS, "d2"), row("C3", 2, "part", FAILS, "speed ch2", 0.5, 1.0),
+          row("C3", 3, "decision", INCONCLUSIVE, "d3"), row("C3", 3, "part", INCONCLUSIVE, "speed ch3", 0.97, 1.0),
+          row("C8", 5, "decision", FAILS, "d5"), row("C8", 5, "part", FAILS, "tpot", 0.5, 1.0),
+          row("C8", 7, "decision", HOLDS, "d7"), row("C8", 7, "part", HOLDS, "band", 1.2, 1.0)]
+    got = [(d.id, d.verdict, p.metric) for d, p in claim_rows(vs)]
+    assert got == [("C3", INCONCLUSIVE, "speed ch3"), ("C8", CONDITIONAL, "band")]
+    path = claims_figure(vs, tmp_path / "c.png")
+    with Image.open(path) as im:
+        assert abs(im.size[0] / 110 - CLAIMS_FIGURE_IN) < 0.05  # saved at its print width
+
+
 def test_the_printed_edition_keeps_text_figures_and_verdicts_and_points_at_the_data_tables():
     from studylib.workbook.book import print_edition
 

@@ -57,3 +57,14 @@ def test_markdown_lists_question_look_for_and_command():
     assert text.startswith("## Try this") and "*Look for:*" in text
     assert "studylib reproduce --profile cpu --chapters 5" in text and "bench-serve" in text
     assert exercises_markdown(99) == ""
+
+
+def test_every_exercise_writes_to_a_folder_of_its_own():
+    from studylib.workbook.exercises import EXERCISES
+
+    folders = [ex.folder(ch) for ch, items in EXERCISES.items() for ex in items if not ex.command]
+    assert len(folders) == len(set(folders))
+    for ch, items in EXERCISES.items():
+        for ex in items:
+            for cmd in ex.commands(ch) if not ex.command else []:
+                assert f"--out {ex.folder(ch)}" in cmd

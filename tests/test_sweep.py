@@ -243,3 +243,27 @@ def test_the_sweep_answers_its_question_in_its_first_sentence_from_its_cells():
     frame.loc[frame.v == 2.6, "v"] = 1.2
     assert "near 1 (a memory-bound step) on small" in answer_text(frame)
     assert _params_words({"lengths": [8, 16], "repeats": 5}) == "lengths = 8, 16; repeats = 5"
+
+
+def test_the_sweep_page_says_why_a_cell_disagrees_with_the_main_run(tmp_path):
+    """A cell whose decision differs from the study's own chapter is named with the verdicts and every
+    recorded difference between the two runs (model, settings, commit); agreeing cells are not listed."""
+    from studylib.sweep.page import disagreements
+
+    def chapter(path, verdict, model, commit):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"verdicts": [{"id": "C2", "role": "decision", "verdict": verdict}],
+                                    "params": {"model": model, "threads": 2},
+                                    "provenance": {"git_commit": commit}}))
+
+    reports = tmp_path / "reports" / "cpu"
+    sweep = reports / "sweeps" / "s"
+    chapter(reports / "ch01.json", "does not hold", "smollm2-135m", "a" * 40)
+    chapter(sweep / "ch01-model=big" / "ch01.json", "holds", "random:big", "b" * 40)
+    chapter(sweep / "ch01-model=same" / "ch01.json", "does not hold", "random:same", "b" * 40)
+    summary = {"profile": "cpu", "grid": {"model": ["big", "same"]}, "params": {},
+               "cells": [{"cell": f"ch01-model={m}", "chapter": 1, "overrides": {"model": m}, "status": "ok"}
+                         for m in ("big", "same")]}
+    got = disagreements(summary, sweep)
+    assert len(got) == 1 and "C2: holds here, does not hold in the main run" in got[0]
+    assert "random:big" in got[0] and "bbbbbbbbbbbb" in got[0] and "aaaaaaaaaaaa" in got[0]

@@ -194,6 +194,65 @@ def answer_text(frame, near: float = 1.5) -> str:
     return ("The answer, from the cells below: " + "; ".join(parts) + ".") if parts else ""
 
 
+def disagreements(summary: dict[str, Any], sweep_dir: Path) -> list[str]:
+    """For each cell whose decision on a claim differs from the main run's (the study's own chapter JSON two
+    folders up), one sentence saying so and why: what differs between the two runs (the model, the commit
+    of the code, and the parameters that are not the same), read from their records."""
+    main_dir = Path(sweep_dir).parent.parent
+    varying = list(summary.get("grid", {}))
+    out = []
+    for c in summary.get("cells", []):
+        if c["status"] not in ("ok", "up to date"):
+            continue
+        main_path, cell_path = main_dir / f"ch{c['chapter']:02d}.json", Path(sweep_dir) / c["cell"] / f"ch{c['chapter']:02d}.json"
+        if not (main_path.exists() and cell_path.exists()):
+            continue
+        main, cell = (json.loads(p.read_text(encoding="utf-8")) for p in (main_path, cell_path))
+        ours = {v["id"]: v["verdict"] for v in cell.get("verdicts", []) if v.get("role") == "decision"}
+        theirs = {v["id"]: v["verdict"] for v in main.get("verdicts", []) if v.get("role") == "decision"}
+        differ = [k for k in ours if k in theirs and ours[k] != theirs[k]]
+        if not differ:
+            continue
+        why = []
+        mp, cp = main.get("params") or {}, cell.get("params") or {}
+        if mp.get("model") != cp.get("model"):
+            why.append(f"the cell runs {cp.get('model')}, the main run {mp.get('model')}")
+        other = sorted(k for k in set(mp) | set(cp) if k not in ("model", "profile") and mp.get(k) != cp.get(k))
+        if other:
+            why.append("other settings: " + ", ".join(f"{k} {cp.get(k)} against {mp.get(k)}" for k in other))
+        swept = _sweep_settings_against_profile(summary, c["chapter"])
+        if swept:
+            why.append("the sweep's own settings: " + swept)
+        mc = str((main.get("provenance") or {}).get("git_commit") or "")[:12]
+        cc = str((cell.get("provenance") or {}).get("git_commit") or summary.get("commit") or "")[:12]
+        if mc and cc and mc != cc:
+            why.append(f"the cell's code is commit {cc}, the main run's {mc} (the measuring code may differ)")
+        verdicts = "; ".join(f"{k}: {ours[k]} here, {theirs[k]} in the main run" for k in differ)
+        out.append(f"{_label(c.get('overrides', {}), varying)}: {verdicts}. Why they can differ: "
+                   + ("; ".join(why) if why else "nothing in the two runs' records differs, so the difference is "
+                      "the machine's between runs") + ".")
+    return out
+
+
+def _sweep_settings_against_profile(summary: dict[str, Any], chapter: int) -> str:
+    """The sweep's shared parameters that differ from its profile's own for ``chapter`` (what the main run
+    used), as words; empty when the profile cannot be read or nothing differs."""
+    import yaml
+
+    path = Path(__file__).resolve().parents[2] / "notebooks" / "params" / f"{summary.get('profile', 'cpu')}.yaml"
+    try:
+        prof = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get(f"ch{chapter:02d}") or {}
+    except (OSError, yaml.YAMLError):
+        return ""
+
+    def word(v: Any) -> str:
+        return ", ".join(map(str, v)) if isinstance(v, list | tuple) else str(v)
+
+    diff = [f"{k} {word(v)} against {word(prof.get(k))}" for k, v in (summary.get("params") or {}).items()
+            if k in prof and prof.get(k) != v]
+    return "; ".join(diff)
+
+
 def _params_words(params: Mapping[str, Any]) -> str:
     """The shared parameters as 'name = value' words, not JSON."""
     def word(v: Any) -> str:
@@ -260,9 +319,15 @@ def write_sweep_page(sweep_dir: Path) -> Path:
     parts = [f"<p><a href='../../index.html'>&larr; the study</a></p><h1>Sweep: {esc(summary['name'])}</h1>"]
     ch01_cells = _chapter1_cells(summary, sweep_dir)
     steps = step_cost_frame(summary, sweep_dir, ch01_cells)
-    if summary.get("description"):
-        # the question, then its answer from the cells, before anything else
-        parts.append(f"<p class='lead'>{esc(summary['description'])} {esc(answer_text(steps))}</p>")
+    answer = answer_text(steps)
+    if answer or summary.get("description"):
+        # the answer from the cells first, then the question it answers
+        question = f" (The question: {summary['description']})" if summary.get("description") else ""
+        parts.append(f"<p class='lead'>{esc((answer or 'No cell measured a step cost.') + question)}</p>")
+    differ = disagreements(summary, sweep_dir)
+    if differ:
+        parts.append("<h2>Where a cell disagrees with the main run</h2><ul>"
+                     + "".join(f"<li>{esc(d)}</li>" for d in differ) + "</ul>")
     grid = summary.get("grid", {})
     parts.append("<h2>The grid</h2><p>Profile <code>{}</code>, chapter{} {}; every combination below is one cell, one "
                  "run of the chapter with these parameters{}.</p>".format(

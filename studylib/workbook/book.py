@@ -667,7 +667,7 @@ PRINT_CSS = """
   .table-wrap, .output_html, .output_subarea, .output_area, div.jp-RenderedHTMLCommon {
     overflow: visible !important; max-width: 100% !important; }
   table { font-size: 7pt !important; max-width: 100% !important; table-layout: auto; }
-  th, td { overflow-wrap: anywhere; word-break: normal; padding: 1px 3px !important; }
+  th, td { overflow-wrap: normal; word-break: normal; hyphens: none; padding: 1px 3px !important; }
   table:has(tr > :nth-child(16)) { font-size: 6pt !important; }
   ::-webkit-scrollbar { display: none; }
 }

@@ -28,11 +28,18 @@ class Exercise:
     command: str = ""  # a non-reproduce command (e.g. bench-serve), checked by its own parser
     profile: str = "cpu"
 
+    def folder(self, chapter: int) -> str:
+        """The exercise's own scratch folder, so two exercises never overwrite each other's reports."""
+        slug = "".join(c if c.isalnum() else "-" for c in self.title.lower()).strip("-")
+        while "--" in slug:
+            slug = slug.replace("--", "-")
+        return f"/tmp/try{chapter:02d}-{slug}"
+
     def commands(self, chapter: int) -> list[str]:
         if self.command:
             return [self.command]
         prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in self.env.items())
-        return [prefix + reproduce_command(ch, overrides, self.profile, f"/tmp/try{chapter:02d}")
+        return [prefix + reproduce_command(ch, overrides, self.profile, self.folder(chapter))
                 for ch, overrides in self.steps]
 
 
@@ -162,7 +169,7 @@ def exercises_markdown(chapter: int) -> str:
         return ""
     lines = ["## Try this", "",
              "Each command reruns the chapter with the cpu profile's settings and one change, into a scratch "
-             "folder (it takes about as long as the chapter); compare its report with this one.", ""]
+             "folder of its own (it takes about as long as the chapter); compare its report with this one.", ""]
     for i, ex in enumerate(items, 1):
         lines.append(f"{i}. **{ex.title}.** {ex.question} *Look for:* {ex.look_for}")
         lines.append("")

@@ -5,6 +5,7 @@ fixed text that states no measurement of its own."""
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import math
@@ -255,13 +256,38 @@ def deciding_rows(verdicts: Sequence[Verdict]) -> list[tuple[Verdict, Verdict]]:
     return out
 
 
+def claim_rows(verdicts: Sequence[Verdict]) -> list[tuple[Verdict, Verdict]]:
+    """One (decision, deciding part) per claim: the study's decision (``study_decisions``) and the part that
+    carried it. A claim decided over several chapters (C3, C8) is shown by the chapter whose decision took the
+    study's verdict (for a hold under conditions, a chapter where it holds)."""
+    from studylib.claims import study_decisions
+
+    per = deciding_rows(verdicts)
+    out = []
+    for study in study_decisions(verdicts):
+        mine = [(d, p) for d, p in per if d.id == study.id]
+        if len(mine) <= 1:
+            out.extend(mine)
+            continue
+        want = HOLDS if study.verdict in (HOLDS, CONDITIONAL) else study.verdict
+        pick = next((m for m in mine if m[0].verdict == want), None) or \
+            next((m for m in mine if m[0].verdict == study.verdict), mine[0])
+        out.append((dataclasses.replace(study, chapter=pick[0].chapter), pick[1]))
+    return out
+
+
+# The figure's width in inches: the print edition shows it across an A4 text block (7.3 in), so its 9 pt
+# labels print at 9 pt; it is saved at this size (no tight bounding box that would grow it and shrink the text).
+CLAIMS_FIGURE_IN = 7.2
+
+
 def claims_figure(verdicts: Sequence[Verdict], path: Path) -> Path | None:
-    """One row per claim and chapter: the part that decided it, as measured ÷ its bar on a log axis with its CI
-    as whiskers, coloured by the decision's verdict (the vertical line at 1 is the bar). A part that is a
-    check (all or nothing, no bar) stands at 1 as a square. Labels are whole, wrapped rather than cut."""
+    """One row per claim: the part that decided it, as measured ÷ its bar on a log axis with its CI as
+    whiskers, coloured by the study's verdict (the vertical line at 1 is the bar). A part that is a check
+    (all or nothing, no bar) stands at 1 as a square. Labels are whole, wrapped rather than cut."""
     import textwrap
 
-    rows = deciding_rows(verdicts)
+    rows = claim_rows(verdicts)
     if not rows:
         return None
     import matplotlib
@@ -273,10 +299,10 @@ def claims_figure(verdicts: Sequence[Verdict], path: Path) -> Path | None:
 
     sns.set_theme(style="whitegrid", context="notebook")
     colours = {HOLDS: "#1a7f37", CONDITIONAL: "#9a6700", INCONCLUSIVE: "#6e6e9e", FAILS: "#c33"}
-    labels = [textwrap.fill(f"{d.id} (chapter {d.chapter}), {d.verdict}: {shown_metric(p)}", 62)
+    labels = [textwrap.fill(f"{d.id} (chapter {p.chapter}), {d.verdict}: {shown_metric(p)}", 52)
               for d, p in rows]
-    # 8 in wide: printed across an A4 page (7.3 in between margins) its 9 pt labels stay above 8 pt
-    fig, ax = plt.subplots(figsize=(8, sum(0.24 * (lb.count(chr(10)) + 1) + 0.14 for lb in labels) + 1.4))
+    fig, ax = plt.subplots(figsize=(CLAIMS_FIGURE_IN,
+                                    sum(0.24 * (lb.count(chr(10)) + 1) + 0.14 for lb in labels) + 1.6))
     for i, (d, p) in enumerate(rows):
         colour = colours.get(d.verdict, "#555")
         r = bar_ratio(p)
@@ -292,22 +318,22 @@ def claims_figure(verdicts: Sequence[Verdict], path: Path) -> Path | None:
     ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}x"))
     ax.xaxis.set_minor_formatter(NullFormatter())  # minor ticks unlabelled: their labels collided
-    ax.set_xlabel("the deciding part, measured ÷ its bar\n(right of the line: bar met; whiskers: its CI; "
+    ax.set_xlabel("the deciding part, measured ÷ its bar\n(right of the line: bar met; whiskers: its CI;\n"
                   "a square: a check, no bar)")
     shown = {d.verdict for d, _ in rows}
     handles = [plt.Line2D([], [], marker="o", ls="", color=c, label=k) for k, c in colours.items() if k in shown]
-    ax.legend(handles=handles)
-    fig.tight_layout()
-    from studylib.plots import legend_below
-
-    legend_below(fig, ax)  # under the axis label, whatever the figure's height
+    # the key sits in a strip kept free at the bottom, inside the figure (it is saved at its own size)
+    strip = 0.35 / fig.get_figheight()
+    fig.tight_layout(rect=(0, strip, 1, 1))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, fontsize=9,
+               bbox_to_anchor=(0.5, 0.0))
     # The book's figure check reads it like a chapter's figure; its findings land beside it, and the
     # tests read the committed ones.
     from studylib.workbook.figure_check import figure_defects
 
     atomic_write(Path(path).with_suffix(".figures.json"),
                  json.dumps({"figures": 1, "defects": figure_defects(fig)}, indent=1, ensure_ascii=False))
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=110)  # at its own size: see CLAIMS_FIGURE_IN
     plt.close(fig)
     return path
 
