@@ -235,8 +235,8 @@ def test_the_printed_book_opens_with_the_front_matter_and_wraps_wide_tables(tmp_
     assert "the sweep" in front and "the card" in front and "<details class='all' open>" in front
     text = write_print_page(tmp_path, [(1, "Chapter 1")]).read_text()
     assert text.index("3 hold") < text.index("Contents") < text.index("<p>body</p>")
-    # printed cells wrap between words only: a word or a number is never broken (test_book_pdf reads the PDF)
-    assert "overflow-wrap: normal" in PRINT_CSS and "@media print" in text
+    # a printed cell may wrap inside a long word rather than overflow the page; test_book_pdf checks book.pdf
+    assert "overflow-wrap: anywhere" in PRINT_CSS and "@media print" in text
     label = shorten_middle("C9 ch8: decode speed-up over dense fp32, same engine path, gguf+bf16prefill", 50)
     assert len(label) <= 50 and label.endswith("gguf+bf16prefill") and label.startswith("C9 ch8")
 

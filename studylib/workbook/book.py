@@ -646,7 +646,10 @@ def write_print_page(out: Path, chapters: Sequence[tuple[int, str]]) -> Path:
              "img { max-width: 58% !important; display: block; margin: 0.3em auto; break-inside: avoid; } "
              "section.front img { max-width: 100% !important; } "
              "h1 { font-size: 17pt; } h2 { font-size: 13pt; } h3 { font-size: 11pt; } "
-             "p.print-note { color: #555; font-size: 8pt; margin: 0.2em 0; } } "
+             "p.print-note { color: #555; font-size: 8pt; margin: 0.2em 0; } "
+             # the book's tables are few and fit whole: their cells wrap between words only, so no word or
+             # number breaks (a chapter page printed alone may still wrap inside a long word to fit)
+             "section th, section td { overflow-wrap: normal !important; } } "
              # the front matter's wide tables (the card, every verdict) scroll on a screen as on the front page
              ".table-wrap { max-width: 100%; overflow-x: auto; } pre.cmd { white-space: pre-wrap; overflow-wrap: anywhere; } "
              ".input_area pre { white-space: pre-wrap; } section.front h2 { break-after: avoid; } ")
@@ -667,7 +670,7 @@ PRINT_CSS = """
   .table-wrap, .output_html, .output_subarea, .output_area, div.jp-RenderedHTMLCommon {
     overflow: visible !important; max-width: 100% !important; }
   table { font-size: 7pt !important; max-width: 100% !important; table-layout: auto; }
-  th, td { overflow-wrap: normal; word-break: normal; hyphens: none; padding: 1px 3px !important; }
+  th, td { overflow-wrap: anywhere; word-break: normal; padding: 1px 3px !important; }
   table:has(tr > :nth-child(16)) { font-size: 6pt !important; }
   ::-webkit-scrollbar { display: none; }
 }
