@@ -245,20 +245,20 @@ def _sweep_settings_against_profile(summary: dict[str, Any], chapter: int) -> st
     except (OSError, yaml.YAMLError):
         return ""
 
-    def word(v: Any) -> str:
-        return ", ".join(map(str, v)) if isinstance(v, list | tuple) else str(v)
-
-    diff = [f"{k} {word(v)} against {word(prof.get(k))}" for k, v in (summary.get("params") or {}).items()
+    diff = [f"{k} {_word(v)} against {_word(prof.get(k))}" for k, v in (summary.get("params") or {}).items()
             if k in prof and prof.get(k) != v]
     return "; ".join(diff)
 
 
+def _word(v: Any) -> str:
+    """A parameter's value as words: a list as "a, b, c", anything else as itself."""
+    return ", ".join(map(str, v)) if isinstance(v, list | tuple) else str(v)
+
+
 def _params_words(params: Mapping[str, Any]) -> str:
     """The shared parameters as 'name = value' words, not JSON."""
-    def word(v: Any) -> str:
-        return ", ".join(map(str, v)) if isinstance(v, list | tuple) else str(v)
 
-    return "; ".join(f"{k} = {word(v)}" for k, v in params.items())
+    return "; ".join(f"{k} = {_word(v)}" for k, v in params.items())
 
 
 def regime_text(frame) -> str:
