@@ -491,7 +491,7 @@ def test_auto_draft_reads_chapter_2s_search_and_never_a_leftover_distilled_draft
     # A distilled draft cached by an earlier train-draft must not change what the chapter measures: a cold
     # machine would not have it. ``auto`` takes chapter 2's cached self:auto layers, else the early exit.
     from studylib.decoding import drafts
-    from studylib.experiments.ch07_report import chapter_draft
+    from studylib.experiments.ch07_combined import chapter_draft
 
     model, _ = tiny
     monkeypatch.setenv("STUDYLIB_CACHE", str(tmp_path))
