@@ -208,10 +208,10 @@ def _c_kernel():
     if setting != "torch":
         from pathlib import Path
 
-        from studylib.models.cpu_linear import _cpu_has_avx2_fma, compile_kernel
+        from studylib.models.build import compile_kernel, has_avx2_fma
 
         try:
-            if not _cpu_has_avx2_fma():
+            if not has_avx2_fma():
                 raise StudylibError("this CPU lacks AVX2/FMA")
             lib = ctypes.CDLL(str(compile_kernel(Path(__file__).parent / "csrc" / "quest_decode.c")))
             fn = lib.quest_decode_f32

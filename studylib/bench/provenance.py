@@ -173,8 +173,8 @@ def model_sha256(name: object) -> str | None:
     if not isinstance(name, str) or not name:
         return None
     try:
-        from studylib.models import ALIASES, model_dir
         from studylib.models.hub import SMOLLM2_GGUF, SMOLLM2_WHEEL
+        from studylib.models.names import ALIASES, model_dir
 
         name = ALIASES.get(name, name)
         if name.startswith(("tiny-random", "random:")):

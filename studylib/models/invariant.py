@@ -67,7 +67,7 @@ def _libs(which: str):
     key = (which, isa())
     if key in _state:
         return _state[key]
-    from studylib.models.cpu_linear import compile_kernel
+    from studylib.models.build import compile_kernel
 
     with _lock:
         if key not in _state:

@@ -64,7 +64,7 @@ class IsaFamily:
             raise StudylibError(f"this CPU cannot run the {name} build of {self.source.stem} (it lacks "
                                 f"{sorted(self.needs[name] - self._cpu_flags())}); use one of {', '.join(self.available())}.")
         if name not in self._libs:
-            from studylib.models.cpu_linear import compile_kernel
+            from studylib.models.build import compile_kernel
 
             # The C source numbers its paths from the last (scalar = 0) up to the best.
             flags = ["-O3", *self.flags[name], f"-D{self.define}={self.paths[::-1].index(name)}", "-ffp-contract=off",

@@ -196,7 +196,7 @@ def lib():
     if name == "torch":
         return None
     if name not in _libs:
-        from studylib.models.cpu_linear import compile_kernel
+        from studylib.models.build import compile_kernel
 
         flags = ["-O3", *_ISA_FLAGS[name], "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
         so = ctypes.CDLL(str(compile_kernel(_SRC, flags, _DEPS)))
@@ -275,3 +275,12 @@ def linear(x: torch.Tensor, w: QuantTensor, bias: torch.Tensor | None = None) ->
     else:
         y = F.linear(x.float(), w.dequantize(), None if bias is None else bias.float())
     return y if x.dtype is torch.float32 else y.to(x.dtype)
+
+
+def embedding_and_head(model) -> dict[str, QuantTensor]:
+    """The embedding (and an untied head) as Q8_0, in every re-quantised format as in the GGUF file
+    (4-bit heads cost quality for few bytes: llama.cpp's Q4 mixes keep them at Q6_K/Q8_0 too)."""
+    out = {"embed": quantize(model.model.embed_tokens.weight, "q8_0")}
+    if model.lm_head.weight is not model.model.embed_tokens.weight:
+        out["head"] = quantize(model.lm_head.weight, "q8_0")
+    return out
