@@ -108,6 +108,9 @@ def _stream(fn, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     # Decode calls this ~120 times per token, so it does only what the kernel needs: each torch call
     # here costs about a microsecond, as much as the kernel itself on a small matrix.
     K, N = x.shape[-1], weight.shape[0]
+    if weight.dim() != 2 or weight.shape[1] != K or (bias is not None and bias.numel() != N):
+        raise ValueError(f"stream_linear: x (..., {K}) x weight {tuple(weight.shape)} + bias "
+                         f"{None if bias is None else tuple(bias.shape)}: the weight must be (N, {K}) and the bias (N,)")
     x32 = x if x.dtype is torch.float32 else x.float()
     if not x32.is_contiguous():
         x32 = x32.contiguous()
@@ -123,6 +126,13 @@ def _stream(fn, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return y if x.dtype is torch.float32 else y.to(x.dtype)
 
 
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The pure-PyTorch reference of ``stream_linear``: the same product in float64, rounded to x's dtype
+    (the kernel's fp32 sums differ from it only by rounding)."""
+    y = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+    return y.to(x.dtype)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear``, except that fp32/bf16 CPU inference with at most ``STREAM_MAX_ROWS`` rows streams,
     and block-format weights (``quant.QuantTensor``) go to their own kernel."""
@@ -135,6 +145,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         x.dtype in _STREAM_DTYPES
         and weight.dtype is x.dtype
         and x.device.type == "cpu"
+        and weight.device.type == "cpu"
         and x.numel() <= STREAM_MAX_ROWS * x.shape[-1]
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
     ):
