@@ -274,6 +274,8 @@ def provenance(**params: object) -> dict:
         # --act bf16: which bf16 dot-product build (avx512bf16 / avx2 / scalar).
         "bf16_kernel": _backend("studylib.models.bf16_linear", "path"),
         "invariant_kernels": _backend("studylib.models.invariant", "describe"),
+        # every native kernel's path, from the kernel library's registry (studylib.models.kernels)
+        "kernels": _backend("studylib.models.kernels", "paths"),
         # The files the numbers came from: the model named in params (see model_sha256) and whatever
         # this process loaded (weights, drafts, EAGLE heads: record_artifact).
         "model_sha256": model_sha256(params.get("model")),

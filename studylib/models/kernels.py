@@ -9,7 +9,8 @@ kernel computes, so ``kernel_for`` answers "which code computes a linear of this
   alone runs in bf16 (``<format>+bf16prefill``);
 - phase: ``decode`` (few rows: a decode step, a verification, a small batch; up to ``DECODE_ROWS``),
   ``prefill`` (more rows), ``step`` (a whole fused decode step), ``serving`` (batch-invariant rows of
-  the serving engine), ``attention`` (a decode step's attention over a cache).
+  the serving engine), ``attention`` (a decode step's attention over a cache), ``sparse attention``
+  (Quest's: over the pages it selects).
 
 A cell no native kernel serves runs PyTorch (``TORCH``: oneDNN / MKL), which the table says too. The
 kernels' Python modules build them through ``models.build`` and keep their own entry points; this module
@@ -28,7 +29,7 @@ DECODE_ROWS = 32  # rows up to which a dense linear is a decode-phase one (cpu_l
 BLOCK_DECODE_ROWS = 64  # the same bound for block weights under fp32 (quant.KERNEL_MAX_ROWS)
 WEIGHTS = ("dense", "blocks")
 ACTS = ("fp32", "int8", "bf16", "bf16prefill")
-PHASES = ("decode", "prefill", "step", "serving", "attention")
+PHASES = ("decode", "prefill", "step", "serving", "attention", "sparse attention")
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ KERNELS: tuple[Kernel, ...] = (
            "paged attention with a fixed reduction order per row"),
     Kernel("quest_decode", "attention/csrc/quest_decode.c", "studylib.attention.quest",
            "studylib.attention.quest:quest_attention_ref", "STUDYLIB_QUEST_KERNEL",
-           "studylib.attention.quest:kernel_backend", (("dense", "fp32", "attention"),),
+           "studylib.attention.quest:kernel_backend", (("dense", "fp32", "sparse attention"),),
            "Quest's page selection and the attention over the chosen pages, one decode step"),
 )
 BY_NAME = {k.name: k for k in KERNELS}
