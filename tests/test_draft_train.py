@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from studylib.decoding import draft_train
+from studylib.drafting import train as draft_train
 from studylib.drafting.data import Sequence
 from studylib.drafting.train import DraftTrainConfig, train_draft
 

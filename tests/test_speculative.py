@@ -303,7 +303,7 @@ def test_train_draft_keeps_time_for_training(tiny, tmp_path, monkeypatch):
     """Data generation gets at most data_share of the cap; a run that trains no step raises."""
     import time
 
-    from studylib.decoding import draft_train
+    from studylib.drafting import train as draft_train
     from studylib.drafting.train import DraftTrainConfig, train_draft
 
     monkeypatch.setenv("STUDYLIB_CACHE", str(tmp_path))
