@@ -97,3 +97,16 @@ def test_greedy_engine_default_is_required(tiny_int8):
 
     with pytest.raises(StudylibError, match="greedy"):
         EngineConfig(speculate="prompt-lookup:4,3", sampling=SamplingParams(temperature=0.7))
+
+
+def test_the_engine_times_its_own_work_apart_from_the_forward(tiny_int8):
+    """Every step records the forward's seconds and the host's (scheduling, bookkeeping, commits), so the
+    engine's own cost per step at a given batch is read from the run."""
+    reqs = repetitive(8, seed=2)
+    engine = Engine(tiny_int8, EngineConfig(kv_budget_mib=4))
+    run = engine.run(reqs)
+    assert all(t["host_s"] >= 0 and t["forward_s"] > 0 for t in run.timeline)
+    share = run.host_time()
+    assert 0 < share["host_share"] < 1 and share["host_steps"] == len(run.timeline)
+    assert run.host_time(min_rows=10**6)["host_share"] is None  # no step that large: nothing to say
+    assert "host_share" in run.summary()

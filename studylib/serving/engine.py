@@ -117,7 +117,18 @@ class ServingRun:
     def summary(self, slo: dict | None = None) -> dict:
         s = summarize(self.requests, self.duration_s, slo=slo, steps=self.steps, preemptions=self.preemptions)
         s["max_bypassed"] = max(self.bypassed.values(), default=0)
+        s.update(self.host_time())
         return s
+
+    def host_time(self, min_rows: int = 1) -> dict:
+        """The engine's own share of its steps of at least ``min_rows`` sequences: host seconds (scheduling,
+        bookkeeping, committing) over host + forward seconds, and the median per step."""
+        rows = [t for t in self.timeline if t.get("batch_seqs", 0) >= min_rows and "host_s" in t]
+        host = sum(t["host_s"] for t in rows)
+        total = host + sum(t["forward_s"] for t in rows)
+        per = sorted(t["host_s"] for t in rows)
+        return {"host_share": host / total if total > 0 else None,
+                "host_s_per_step_p50": per[len(per) // 2] if per else None, "host_steps": len(rows)}
 
     def records(self) -> list[dict]:
         return [{**r.record(), "bypassed": self.bypassed.get(r.id, 0)} for r in self.requests]
@@ -203,7 +214,12 @@ class Engine:
 
     # ---- one step -------------------------------------------------------------------------------
     def step(self) -> list[Request]:
-        """Schedule, run one forward pass, commit. Returns the requests that finished in this step."""
+        """Schedule, run one forward pass, commit. Returns the requests that finished in this step.
+
+        The timeline splits the step's time: ``forward_s`` (the runner: the model's forward and the
+        sampling), ``host_s`` (everything else: scheduling, block bookkeeping, committing tokens), the
+        engine's own cost that a fast kernel cannot hide."""
+        t_sched = time.perf_counter()
         out = self.scheduler.schedule()
         if not out:
             return []
@@ -227,8 +243,10 @@ class Engine:
             self.runner.reset()
             self.batch = []
         self.steps += 1
+        host = (time.perf_counter() - t_sched) - (end - start)
         self.timeline.append({
-            "t": end, "step_s": end - start, "waiting": len(self.scheduler.waiting),
+            "t": end, "step_s": end - start, "forward_s": end - start, "host_s": host,
+            "waiting": len(self.scheduler.waiting),
             "running": len(self.scheduler.running) + len(done), "batch_seqs": len(out.num_tokens),
             "batch_tokens": out.total_tokens, "preempted": len(out.preempted), "kv_used": self.kv_used(),
             "kv_reserved_bytes": reserved, "kv_live_bytes": live,
