@@ -402,3 +402,16 @@ def test_a_run_bound_within_its_own_run_to_run_error_of_the_bar_neither_clears_n
 
     assert verdict(e.ci_high + 0.5 * e.mc_error) == INCONCLUSIVE  # missed by less than the bound's own error
     assert verdict(e.ci_high + 2 * e.mc_error) == FAILS  # missed by more: a miss in any set of runs
+
+
+def test_rows_of_one_session_add_no_degrees_of_freedom_to_the_drift():
+    """Two rows measured in the same three sessions pool their spread, but the sd rests on three sessions:
+    two degrees of freedom, not four (one machine draw moves every number measured in it)."""
+    from studylib.bench import session_drift as sd
+
+    lines = [{"chapter": 1, "profile": "cpu", "commit": c, "written": f"2026-01-0{i}", "rows": [
+        {"id": "C1", "metric": "share", "measured": 0.5 * (1 + 0.05 * i), "unit": "whole runs"},
+        {"id": "C2", "metric": "fraction", "measured": 0.4 * (1 - 0.04 * i), "unit": "whole runs"}]}
+        for i, c in enumerate("abc", 1)]
+    est = sd.estimate_from_ledger(lines, as_of="2026-12-31")
+    assert est[sd.VS_MACHINE]["df"] == 2
