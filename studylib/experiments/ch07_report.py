@@ -307,11 +307,14 @@ def judge_throughput(tsum: pd.DataFrame, conditions: str, policy: str = "continu
 def judge_latency_under_load(load: Mapping, serving: str) -> Verdict:
     """C7's "end-to-end latency" read as a user at a given arrival rate sees it, queueing included:
     sequential AR serving / continuous batching + prefix cache at the same Poisson arrivals (chapter 5)."""
+    unit = load.get("unit", "requests")
     est = _est(load["value"], load["ci"][0], load["ci"][1], load.get("n"))
+    how = (f"chapter 5's latency under load: {load.get('n')} {unit} at {load['rate_req_s']:.2f} requests/s, "
+           f"{load['baseline']} against {load['treated']} on the same seeded Poisson arrivals"
+           + (", each trace its own requests and arrivals, resampled whole" if unit == "traces" else ""))
     return judge_at_least("C7", f"e2e latency under load at {load['rate_req_s']:.2f} req/s "
                           f"({load['load_vs_sequential_service_rate']:g}x sequential's service rate), sequential / "
-                          f"{load['treated']} (x)", est, LATENCY_BAR, ">10x", serving, cc.CHAPTER,
-                          unit=load.get("unit", "requests"))
+                          f"{load['treated']} (x)", est, LATENCY_BAR, ">10x", how, cc.CHAPTER, unit=unit)
 
 
 def judge_c7(stacks: pd.DataFrame, tsum: pd.DataFrame, conditions: str, serving: str,
