@@ -103,6 +103,17 @@ def fingerprint(case: dict) -> dict[str, str]:
     """Load the case's engine under its switches and hash what it computes."""
     import torch
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # torch's own reductions split by thread count, so its bits depend on it
+    try:
+        return _fingerprint(case)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fingerprint(case: dict) -> dict[str, str]:
+    import torch
+
     from studylib.decoding import ar
     from studylib.models import DenseKVCache, load_model
 
