@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no EAGLE head to compare; train them with `studylib train-draft --kind eagle --preset shipped "
               "--recipe eagle3` (and eagle1)", file=sys.stderr)
         return 2
-    from studylib.decoding.draft_data import is_heldout
+    from studylib.drafting.data import is_heldout
 
     # Not chapter 2's prompts (its held-out third): the default is chosen on the others, so chapter 2's
     # headline is not measured on the prompts that picked it.
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 def ship(folder: Path, target: str, head: str, keep_fr: bool, result: dict) -> None:
     """Record the measured decision beside the shipped heads: ``<target>-eagle.default`` names the default
     head; without FR-Spec the winner's reduced vocabulary is emptied (it then projects on the whole LM head)."""
-    from studylib.decoding.draft_train import _slug
+    from studylib.decoding.draft_files import slug as _slug
     from studylib.decoding.eagle import META_FILE, VOCAB_FILE
 
     slug = _slug(target)

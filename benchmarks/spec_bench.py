@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _draft_path(lm) -> str:
-    from studylib.decoding.draft_train import distilled_dir
+    from studylib.decoding.draft_files import distilled_dir
 
     return str(distilled_dir(lm.config.name))
 

@@ -18,8 +18,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "register": ("studylib.workbook.register_cli", "record the hashes of the code and parameters each chapter measures with"),
     "claims": ("studylib.claims_cli", "print the study's verdict table from the chapter JSON files"),
     "data": ("studylib.data_cli", "fetch and inspect data sets"),
-    "train-draft": ("studylib.decoding.draft_train", "distil a small draft model from the target"),
-    "draft-corpus": ("studylib.decoding.draft_corpus", "build the draft head's corpus: the target's answers and features"),
+    "train-draft": ("studylib.drafting.cli", "distil a small draft model from the target"),
+    "draft-corpus": ("studylib.drafting.corpus", "build the draft head's corpus: the target's answers and features"),
     "bench-serve": ("studylib.serving.cli", "serving benchmark: scheduler x prefix cache x arrival rate"),
     "sweep": ("studylib.sweep.cli", "run a grid of chapter runs as Ray tasks (local cluster by default)"),
 }

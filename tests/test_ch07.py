@@ -191,11 +191,11 @@ def latency_runs(values, n=5, spread=0.02):
 def test_latency_verdict_is_over_whole_runs_per_workload_corrected():
     from studylib import decisions
 
-    holds = report.judge_latency(stacks_frame([12, 15], [11, 12], [13, 18]), "c", latency_runs([12, 15]))
+    holds = report.judge_latency(stacks_frame([15, 18], [14, 16], [16, 20]), "c", latency_runs([15, 18]))
     confidence, k = report.latency_confidence()
     assert holds.verdict == HOLDS and holds.unit == "whole runs" and holds.n == 5
     assert k == 5 and holds.tried == k and holds.confidence == pytest.approx(confidence)
-    v = report.judge_latency(stacks_frame([12, 2], [11, 1.5], [13, 2.5]), "c", latency_runs([12, 2]))
+    v = report.judge_latency(stacks_frame([15, 2], [14, 1.5], [16, 2.5]), "c", latency_runs([15, 2]))
     assert v.verdict == CONDITIONAL and "w0" in v.conditions and "w1" in v.conditions
     assert report.judge_latency(stacks_frame([1.2, 2], [1.1, 1.5], [1.3, 2.5]), "c",
                                 latency_runs([1.2, 2])).verdict == FAILS
@@ -203,7 +203,7 @@ def test_latency_verdict_is_over_whole_runs_per_workload_corrected():
     assert report.judge_latency(stacks_frame([12], [11], [13]), "c", latency_runs([12], n=2)).verdict == INCONCLUSIVE
     assert report.judge_latency(stacks_frame([12], [11], [13]), "c").verdict == INCONCLUSIVE
     # a workload the runs did not measure stays a condition without a CI
-    gap = report.judge_latency(stacks_frame([12, 15], [11, 12], [13, 18]), "c", latency_runs([12]))
+    gap = report.judge_latency(stacks_frame([15, 18], [14, 16], [16, 20]), "c", latency_runs([15]))
     assert gap.verdict == CONDITIONAL
     assert len(decisions.stamp([holds, v], 7)) == 2  # judged as C7@7 declares it
 
@@ -491,7 +491,7 @@ def test_auto_draft_reads_chapter_2s_search_and_never_a_leftover_distilled_draft
     # A distilled draft cached by an earlier train-draft must not change what the chapter measures: a cold
     # machine would not have it. ``auto`` takes chapter 2's cached self:auto layers, else the early exit.
     from studylib.decoding import drafts
-    from studylib.experiments.ch07_report import chapter_draft
+    from studylib.experiments.ch07_combined import chapter_draft
 
     model, _ = tiny
     monkeypatch.setenv("STUDYLIB_CACHE", str(tmp_path))

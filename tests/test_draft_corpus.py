@@ -11,7 +11,7 @@ import torch
 
 from studylib import data
 from studylib.decoding import ar
-from studylib.decoding import draft_corpus as dc
+from studylib.drafting import corpus as dc
 from studylib.errors import StudylibError
 from studylib.models import DenseKVCache, load_model
 from studylib.models.tokenizer import ByteTokenizer

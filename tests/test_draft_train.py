@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from studylib.decoding import draft_train
-from studylib.decoding.draft_data import Sequence
-from studylib.decoding.draft_train import DraftTrainConfig, train_draft
+from studylib.drafting import train as draft_train
+from studylib.drafting.data import Sequence
+from studylib.drafting.train import DraftTrainConfig, train_draft
 
 
 def test_work_files_load_with_weights_only(tiny, tmp_path, monkeypatch):

@@ -149,7 +149,7 @@ def test_sampling_is_exact_and_the_check_rejects_a_wrong_walk():
 
 
 def test_training_reduces_the_loss_and_resumes(tiny, tmp_path):
-    from studylib.decoding.eagle_train import synthetic_state, train_on_state
+    from studylib.drafting.eagle_train import synthetic_state, train_on_state
 
     model, _ = tiny
     state = synthetic_state(model, n_seqs=12, length=40, seed=0)

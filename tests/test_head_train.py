@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from studylib.decoding import ar, eagle
-from studylib.decoding import draft_corpus as dc
-from studylib.decoding import head_train as ht
+from studylib.drafting import corpus as dc
+from studylib.drafting import head_train as ht
 from studylib.errors import StudylibError
 from studylib.models import load_model
 
@@ -110,10 +110,11 @@ def test_bad_head_settings_are_named():
 def test_eagle_names_resolve_to_the_shipped_default_then_the_cache(tmp_path, monkeypatch, tiny_corpus):
     """``eagle`` follows the shipped pointer to a recipe's head; ``eagle3`` is that recipe's head; without
     shipped heads both fall back to the cache, and a missing head is one clear error."""
-    from studylib.decoding.draft_train import _slug
+    from studylib.decoding import draft_files
+    from studylib.decoding.draft_files import slug as _slug
 
     feat, _, _ = tiny_corpus
-    monkeypatch.setattr(ht, "SHIPPED", tmp_path / "assets")
+    monkeypatch.setattr(draft_files, "SHIPPED", tmp_path / "assets")
     monkeypatch.setenv("STUDYLIB_CACHE", str(tmp_path / "cache"))
     slug = _slug(feat.config.name)
     with pytest.raises(StudylibError, match="no EAGLE head 'eagle3'"):
@@ -131,11 +132,12 @@ def test_eagle_names_resolve_to_the_shipped_default_then_the_cache(tmp_path, mon
 def test_chapter_2_reads_the_shipped_head_and_its_manifest(tmp_path, monkeypatch, tiny_corpus):
     """Chapter 2 trains nothing by default: it reads the shipped head, names its sha256 and shows its
     curve and data from the manifest; without a head it says how to get one."""
-    from studylib.decoding.draft_train import _slug
+    from studylib.decoding import draft_files
+    from studylib.decoding.draft_files import slug as _slug
     from studylib.experiments import ch02_eagle as ex
 
     feat, tok, man = tiny_corpus
-    monkeypatch.setattr(ht, "SHIPPED", tmp_path / "assets")
+    monkeypatch.setattr(draft_files, "SHIPPED", tmp_path / "assets")
     monkeypatch.setenv("STUDYLIB_CACHE", str(tmp_path / "cache"))
     with pytest.raises(StudylibError, match="retrain_drafts=true"):
         ex.chapter_head(feat.config.name)
@@ -175,7 +177,7 @@ def test_validation_is_by_document_and_a_finished_run_stays_finished(tmp_path, t
 
 
 def test_a_retrain_is_compared_with_the_shipped_head_at_the_same_point():
-    from studylib.decoding.head_train import against_shipped
+    from studylib.drafting.head_train import against_shipped
 
     ref = {"training": {"steps": 1000}, "heldout": {"final": {"top1_1": 0.62, "top1_2": 0.5}, "curve": [
         {"step": 0, "top1_1": 0.0, "top1_2": 0.0}, {"step": 250, "top1_1": 0.40, "top1_2": 0.30}, {"step": 500, "top1_1": 0.55, "top1_2": 0.42},

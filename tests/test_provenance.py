@@ -211,7 +211,7 @@ def test_model_sha256(tmp_path, monkeypatch, no_artifacts):
 
 
 def test_draft_and_eagle_head_loaders_record_their_files(tmp_path, no_artifacts):
-    from studylib.decoding.draft_train import load_draft_weights
+    from studylib.decoding.draft_files import load_draft_weights
     from studylib.decoding.eagle import HEAD_FILE, EagleHead, load_head, save_head
     from studylib.models import load_hf_model, load_model
 

@@ -270,8 +270,8 @@ def test_all_methods_greedy_equal_ar_on_smollm2(smollm2):
 
 
 def test_train_draft_exports_resumes_and_drafts(tiny, tmp_path, monkeypatch):
-    from studylib.decoding.draft_train import DraftTrainConfig, train_draft
     from studylib.decoding.drafts import distilled_draft
+    from studylib.drafting.train import DraftTrainConfig, train_draft
 
     monkeypatch.setenv("STUDYLIB_CACHE", str(tmp_path))
     model, tok = tiny
@@ -303,8 +303,8 @@ def test_train_draft_keeps_time_for_training(tiny, tmp_path, monkeypatch):
     """Data generation gets at most data_share of the cap; a run that trains no step raises."""
     import time
 
-    from studylib.decoding import draft_train
-    from studylib.decoding.draft_train import DraftTrainConfig, train_draft
+    from studylib.drafting import train as draft_train
+    from studylib.drafting.train import DraftTrainConfig, train_draft
 
     monkeypatch.setenv("STUDYLIB_CACHE", str(tmp_path))
     model, tok = tiny

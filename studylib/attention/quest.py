@@ -208,10 +208,10 @@ def _c_kernel():
     if setting != "torch":
         from pathlib import Path
 
-        from studylib.models.cpu_linear import _cpu_has_avx2_fma, compile_kernel
+        from studylib.models.build import compile_kernel, has_avx2_fma
 
         try:
-            if not _cpu_has_avx2_fma():
+            if not has_avx2_fma():
                 raise StudylibError("this CPU lacks AVX2/FMA")
             lib = ctypes.CDLL(str(compile_kernel(Path(__file__).parent / "csrc" / "quest_decode.c")))
             fn = lib.quest_decode_f32
@@ -240,11 +240,22 @@ def quest_decode_c(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kmin: torc
         raise StudylibError(f"the Quest C kernel is off ({_C_STATE.get('why', 'STUDYLIB_QUEST_KERNEL=torch')}).")
     if not pattern.selects(seq_len):
         raise StudylibError(f"{pattern.spec} reads every key at {seq_len} tokens; attend densely instead.")
+    if q.dim() != 4 or q.shape[2] != 1 or k.dim() != 4 or q.device.type != "cpu" or not q.dtype.is_floating_point:
+        raise ValueError(f"quest_decode_c takes one decode row per sequence on the CPU: q (B, H, 1, D) and k/v "
+                         f"(B, Hkv, Tmax, D), got q {q.dtype} {tuple(q.shape)} on {q.device}, k {tuple(k.shape)}")
     B, H, _, D = q.shape
     Hkv, Tmax = k.shape[1], k.shape[2]
     ts = (q, k, v, kmin, kmax)
     if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in ts[1:]):
         raise ValueError("quest_decode_c takes contiguous fp32 CPU caches and summaries")
+    n_pages = -(-Tmax // pattern.page)
+    if (v.shape != k.shape or k.shape[0] != B or k.shape[3] != D or Hkv < 1 or H % Hkv
+            or kmin.shape != kmax.shape or kmin.shape != (B, Hkv, kmin.shape[2], D) or kmin.shape[2] < n_pages
+            or not 0 < seq_len <= Tmax):
+        raise ValueError(f"quest_decode_c: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, summaries "
+                         f"{tuple(kmin.shape)} / {tuple(kmax.shape)} and seq_len {seq_len} do not fit: k and v must "
+                         f"be (B, Hkv, Tmax, D) with Hkv dividing H, the summaries (B, Hkv, >= {n_pages}, D), and "
+                         f"0 < seq_len <= Tmax")
     q = q.float().contiguous()
     n_sel = _step_plan(seq_len, pattern, "cpu")[2]
     out = torch.empty(B, H, 1, D, dtype=torch.float32)

@@ -173,8 +173,8 @@ def model_sha256(name: object) -> str | None:
     if not isinstance(name, str) or not name:
         return None
     try:
-        from studylib.models import ALIASES, model_dir
         from studylib.models.hub import SMOLLM2_GGUF, SMOLLM2_WHEEL
+        from studylib.models.names import ALIASES, model_dir
 
         name = ALIASES.get(name, name)
         if name.startswith(("tiny-random", "random:")):
@@ -274,6 +274,8 @@ def provenance(**params: object) -> dict:
         # --act bf16: which bf16 dot-product build (avx512bf16 / avx2 / scalar).
         "bf16_kernel": _backend("studylib.models.bf16_linear", "path"),
         "invariant_kernels": _backend("studylib.models.invariant", "describe"),
+        # every native kernel's path, from the kernel library's registry (studylib.models.kernels)
+        "kernels": _backend("studylib.models.kernels", "paths"),
         # The files the numbers came from: the model named in params (see model_sha256) and whatever
         # this process loaded (weights, drafts, EAGLE heads: record_artifact).
         "model_sha256": model_sha256(params.get("model")),

@@ -42,7 +42,7 @@ ARM_VS_ARM, VS_MACHINE = "arm_vs_arm", "vs_machine"
 AS_OF = "2026-12-06T09:00:00+00:00"
 DECLARED = {ARM_VS_ARM: 0.04, VS_MACHINE: 0.06}
 # the degrees of freedom each sd was estimated with (sessions - 1, pooled): the t quantile's
-DECLARED_DF = {ARM_VS_ARM: 66, VS_MACHINE: 8}
+DECLARED_DF = {ARM_VS_ARM: 3, VS_MACHINE: 4}
 # Whole-run metric keys (``WholeRuns`` metrics) measured against the machine rather than arm against arm.
 VS_MACHINE_METRICS = ("bytes_share", "bandwidth_fraction", "tok_s", "throughput")
 # In the ledger a row carries its claim, not its metric key: C1's whole-run row is the bytes share and
@@ -84,15 +84,21 @@ def estimate_from_ledger(lines: Iterable[Mapping[str, Any]], as_of: str = AS_OF)
             if row.get("unit") in RUN_UNITS and isinstance(m, int | float) and m > 0 and math.isfinite(m):
                 values[(line.get("profile"), row.get("id"), row.get("metric"))].append(math.log(m))
     ss: dict[str, float] = defaultdict(float)
-    df: dict[str, int] = defaultdict(int)
+    pooled: dict[str, int] = defaultdict(int)
+    sessions: dict[str, int] = defaultdict(int)
     for (_, claim, _), logs in values.items():
         if len(logs) < 2:
             continue
         kind = VS_MACHINE if claim in VS_MACHINE_CLAIMS else ARM_VS_ARM
         mean = sum(logs) / len(logs)
         ss[kind] += sum((x - mean) ** 2 for x in logs)
-        df[kind] += len(logs) - 1
-    return {k: {"sd": math.sqrt(ss[k] / df[k]), "df": float(df[k])} for k in df}
+        pooled[kind] += len(logs) - 1
+        sessions[kind] = max(sessions[kind], len(logs))
+    # The rows of one session move together (one machine draw moves every number measured in it), so pooling
+    # rows adds no independent evidence: the sd pools every row, but its degrees of freedom are the sessions'
+    # own, the most sessions any one row was seen in, minus one (not the pooled sum, which counts one
+    # session's correlated rows as independent).
+    return {k: {"sd": math.sqrt(ss[k] / pooled[k]), "df": float(sessions[k] - 1)} for k in pooled}
 
 
 def declared_from(estimates: Mapping[str, Mapping[str, float]]) -> dict[str, float]:

@@ -22,22 +22,11 @@ from pathlib import Path
 
 import torch
 
+from studylib.decoding.cost_model import layer_cost
 from studylib.errors import StudylibError
 from studylib.models import DenseKVCache, LlamaModel
 from studylib.models.cpu_linear import linear
 from studylib.sampling import SamplingParams, probs, sample_from
-
-
-def layer_cost(model: LlamaModel, layers: int | None = None) -> float:
-    """Weights read per decoded token (in parameters): the layers run plus the LM head.
-
-    The embedding lookup reads one row, so it is left out; at batch 1 a forward is bound by
-    weight traffic, which makes this the natural first guess at the draft/target cost ratio.
-    """
-    c = model.config
-    per_layer = c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads) + 3 * c.hidden_size * c.intermediate_size
-    n = c.num_layers if layers is None else layers
-    return float(n * per_layer + c.vocab_size * c.hidden_size)
 
 
 def _pick(logits: torch.Tensor, sampling: SamplingParams, gen) -> tuple[int, torch.Tensor | None]:
@@ -253,7 +242,7 @@ def distilled_draft(target: LlamaModel, full_head: bool = False, path: str | Pat
     """The draft ``studylib train-draft`` exported for this target (or in ``path``; see ``draft_train``)."""
     import json
 
-    from studylib.decoding.draft_train import distilled_dir, load_draft_weights
+    from studylib.decoding.draft_files import distilled_dir, load_draft_weights
 
     path = Path(path) if path is not None else distilled_dir(target.config.name)
     if not (path / "config.json").exists():

@@ -379,7 +379,7 @@ class EagleDraft:
 
     def cost_ratio(self, target: LlamaModel) -> float:
         """Weights read per draft forward over the target's (the first guess at c; chapter 2 measures it)."""
-        from studylib.decoding.drafts import layer_cost
+        from studylib.decoding.cost_model import layer_cost
 
         c = target.config
         rows = c.vocab_size if self.head_ids is None else len(self.head_ids)
@@ -570,7 +570,7 @@ def generate(
 
 def eagle_dir(target_name: str) -> Path:
     from studylib.cache import cache_dir
-    from studylib.decoding.draft_train import _slug
+    from studylib.decoding.draft_files import slug as _slug
 
     return cache_dir("drafts", f"{_slug(target_name)}-eagle")
 
@@ -608,8 +608,8 @@ def head_path(name: str, target_name: str) -> Path:
     recipes, by chapter 2's measurement; ``studylib/assets/drafts/<target>-eagle.default`` names it) and
     else the head ``train-draft --kind eagle`` made in the cache; ``eagle1`` / ``eagle3`` are the shipped
     head of that recipe, else the one ``train-draft --kind eagle --preset shipped --recipe R`` made."""
-    from studylib.decoding.draft_train import _slug
-    from studylib.decoding.head_train import SHIPPED, shipped_dir
+    from studylib.decoding.draft_files import SHIPPED, shipped_dir
+    from studylib.decoding.draft_files import slug as _slug
 
     if name == "eagle":
         pointer = SHIPPED / f"{_slug(target_name)}-eagle.default"

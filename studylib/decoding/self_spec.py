@@ -136,8 +136,7 @@ def choose_skip_layers(
     predicted speedup at each depth, so the chapter can plot the trade-off. beam: at each depth only the
     ``beam`` remaining layers with the best single-layer scores are tried (None: all of them).
     """
-    from studylib.decoding.drafts import layer_cost
-    from studylib.decoding.speculative import predicted_speedup
+    from studylib.decoding.cost_model import layer_cost, predicted_speedup
     from studylib.progress import progress_bar
 
     n = model.config.num_layers

@@ -17,7 +17,7 @@ alpha, so a step accepts a truncated-geometric number of tokens. alpha is estima
 accepted / (accepted + rejections), with counts decayed by ``DECAY`` per step (recent text matters
 more) and a prior of one pseudo-acceptance and one pseudo-rejection. Before each step we pick the
 gamma in 1..gamma_max that maximises the predicted speedup E[tokens](alpha, gamma) / (v(gamma) + gamma * c),
-where c is the draft/target cost ratio (weights read per token, ``drafts.layer_cost``, unless given) and
+where c is the draft/target cost ratio (weights read per token, ``cost_model.layer_cost``, unless given) and
 v(gamma) the cost of verifying gamma + 1 tokens relative to one AR step (1 unless a measured curve is
 given: on a GPU it is ~1, on a CPU it grows with gamma and the rule then prefers short drafts).
 It is deterministic, so a seeded sampling run is reproducible.
@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from studylib.decoding.common import Stopwatch, check_lengths, clip_at_stop, eos_set
+from studylib.decoding.cost_model import expected_tokens, predicted_speedup
 from studylib.decoding.drafts import DraftSession, ModelDraft, SelfDraft, resolve_draft
 from studylib.decoding.result import GenerationResult
 from studylib.decoding.verify import verify
@@ -40,20 +41,6 @@ from studylib.models import DenseKVCache, LlamaModel
 from studylib.sampling import SamplingParams, sample
 
 DECAY = 0.8
-
-
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """Leviathan et al. eq. 1: expected tokens committed per target forward, (1 - a^(g+1)) / (1 - a)."""
-    if alpha >= 1.0:
-        return float(gamma + 1)
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
-
-
-def predicted_speedup(alpha: float, gamma: int, cost_ratio: float, verify_cost: float = 1.0) -> float:
-    """Leviathan et al. Theorem 3.8: walltime improvement when a draft forward costs c target forwards
-    and verifying gamma + 1 tokens costs ``verify_cost`` target forwards (1 in the paper, where the
-    target is memory-bound; more on a CPU, where a forward of several tokens costs more than one)."""
-    return expected_tokens(alpha, gamma) / (verify_cost + gamma * cost_ratio)
 
 
 @dataclass

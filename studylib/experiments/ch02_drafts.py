@@ -22,7 +22,8 @@ def ensure_draft(model_name: str, steps: int, max_minutes: float, smoke: bool = 
     real one. ``loaded``: the target as (model, tokenizer) if already in memory (float32 only).
     ``config``: further ``DraftTrainConfig`` fields for a draft trained now (a lighter data set for a
     short budget, say). Returns the draft's metadata (see ``draft_train``)."""
-    from studylib.decoding.draft_train import DraftTrainConfig, distilled_dir, draft_meta, train_draft
+    from studylib.decoding.draft_files import distilled_dir, draft_meta
+    from studylib.drafting.train import DraftTrainConfig, train_draft
 
     if loaded is not None and (loaded[0].dtype != torch.float32 or loaded[0].device.type != torch.device(device).type
                                or getattr(loaded[0], "weights_format", "dense") != "dense"):

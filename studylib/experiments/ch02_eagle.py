@@ -39,8 +39,9 @@ def chapter_head(model_name: str, name: str = "eagle", retrain: bool = False, lo
 
     path = head_path(name, model_name)
     if retrain:
-        from studylib.decoding import draft_corpus, head_train
-        from studylib.decoding.draft_train import _slug
+        from studylib.decoding.draft_files import slug as _slug
+        from studylib.drafting import corpus as draft_corpus
+        from studylib.drafting import head_train
 
         meta = json.loads((path / META_FILE).read_text()) if (path / META_FILE).exists() else {}
         kind = meta.get("head_kind", name if name in ("eagle1", "eagle3") else "eagle3")

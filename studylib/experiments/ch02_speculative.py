@@ -70,7 +70,7 @@ def load_prompts(tokenizer, n_chat: int, n_xsum: int, n_code: int, seed: int = 0
     from the evaluation split (``data.in_draft_pool``: no draft ever trains on them)."""
     from studylib.data import CATEGORIES, _subsample, load_dataset, load_workload
     from studylib.data import load_prompts as chat_set
-    from studylib.decoding.draft_data import is_heldout
+    from studylib.drafting.data import is_heldout
     from studylib.prompts import encode
 
     out = []
@@ -375,32 +375,6 @@ def aims_table(*frames: pd.DataFrame) -> pd.DataFrame:
     out = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else \
         pd.DataFrame(columns=["aim", "measured", "ci", "met"])
     return why_not_measured(out, met=ill.NOT_JUDGED) if out.met.isna().any() else out
-
-
-def timing_run(model: str, weights: str, act: str, eagle_head: str, headline: str, max_new_tokens: int,
-               n_chat: int, n_xsum: int, n_code: int, t1_prompts: int, seed: int = 0, max_chars: int = 1500,
-               categories: Sequence[str] = (), device: str = "cpu", dtype: str = "float32", **_) -> dict:
-    """Chapter 2's timing section as one whole run (``studylib.bench.whole_runs``): in a fresh process,
-    load the engine and the shipped head, decode the held-out prompts with AR and ``headline`` (arms
-    rotated per prompt), greedily and at T = 1 on the first ``t1_prompts``, and return this run's
-    paired speed-up per workload (the median AR time per token over the headline's, as ``summarise``'s
-    point). Exactness and the sampling test stay in the chapter's main run."""
-    from studylib.experiments.ch02_eagle import chapter_head
-    from studylib.models import load_model
-
-    lm, tok = load_model(model, device, dtype, weights=weights, act=act)
-    runner = Runner(lm, tok, None)
-    runner.eagle_path = chapter_head(model, eagle_head, loaded=(lm, tok))["path"]
-    prompts = load_prompts(tok, n_chat, n_xsum, n_code, seed=seed, max_chars=max_chars, categories=categories)
-    out = {}
-    for temp, some in ((0.0, prompts), (1.0, prompts[:t1_prompts])):
-        if not some:
-            continue
-        df = run_methods(runner, some, [headline], max_new_tokens, temperature=temp, seed=seed, show_progress=False)
-        for w, g in df.groupby("workload", sort=False):
-            per = g.groupby(["prompt", "method"])["s_per_token"].median().unstack("method")
-            out[f"speedup:T{temp:g}:{w}"] = float(per["ar"].median() / per[headline].median())
-    return out
 
 
 def speed_over_runs(runs, temperature: float, workloads=None, confidence: float = 0.95) -> dict:

@@ -136,6 +136,56 @@ def make_arm(techniques: Sequence[str], decoder_options: Mapping[str, dict], att
                dict(decoder_options.get(method, {})))
 
 
+def chapter_draft(model, spec: str = "auto", fallback: str | None = None):
+    """(drafter, why). ``auto``: the layers a cached ``self:auto`` search chose for this model (chapter 2
+    runs that search, so a whole-study run always has it), else ``fallback`` (default an early exit at ~85%
+    depth), because the search itself costs minutes on a CPU. A distilled draft left in the cache by an earlier
+    ``studylib train-draft`` is not picked up by ``auto``: the chapter would then depend on what a machine
+    happened to train before (chapter 2 no longer trains it); ask for it by name (``draft: distilled``)."""
+    import json
+
+    from studylib.cache import cache_dir
+    from studylib.decoding.drafts import SelfDraft, format_layers, resolve_draft
+
+    if spec != "auto":
+        return resolve_draft(spec, model), f"{spec} (as asked)"
+    found = []
+    for f in cache_dir("self_spec").glob("*.json"):
+        try:
+            info = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if info.get("model") == model.config.name and info.get("layers"):
+            found.append((f.stat().st_mtime, info))
+    if found:
+        info = max(found, key=lambda x: x[0])[1]
+        label = f"self:{format_layers(info['layers'])}"
+        return SelfDraft(tuple(info["layers"]), label=label, calibration=info), \
+            f"{label}: layers chosen by a cached self:auto search"
+    n = model.config.num_layers
+    fb = fallback or f"self:exit:{max(1, min(n - 1, round(0.85 * n)))}"
+    return resolve_draft(fb, model), f"{fb}: no cached self:auto search for {model.config.name}"
+
+
+def decoder_options(model, draft: str = "auto", draft_fallback: str | None = None, gamma: int = 4,
+                    lookup_gamma: int = 8, lookup_ngram: int = 3, lookahead: str = "lookahead:5,4,5"
+                    ) -> tuple[dict, str]:
+    """Options per decoder, and a line saying which draft speculative decoding uses. ``lookahead`` is
+    chapter 3's spec string (``lookahead:W,N,G`` or ``lookahead:W,N,G+prompt``)."""
+    from studylib.experiments.ch03_jacobi_lookahead import parse_config
+
+    drafter, why = chapter_draft(model, draft, draft_fallback)
+    try:
+        method, la = parse_config(lookahead)
+    except ValueError as exc:
+        raise StudylibError(f"lookahead: {exc}") from None
+    if method != "lookahead":
+        raise StudylibError(f"lookahead takes 'lookahead:W,N,G[+prompt]', got {lookahead!r}.")
+    return {"speculative": {"draft": drafter, "gamma": int(gamma)},
+            "prompt-lookup": {"gamma": int(lookup_gamma), "ngram": int(lookup_ngram)},
+            "lookahead": la}, why
+
+
 def single_arms(decoder_options: Mapping[str, dict], attention: str, decoders: Sequence[str] = DECODERS,
                 prefix_cache: bool = True, window: bool = True) -> list[Arm]:
     """The baseline and every technique alone."""

@@ -27,7 +27,6 @@ def latency_run(model: str, weights: str, act: str, stacks: Mapping[str, Sequenc
     """One whole run: ``stacks`` maps each workload to its settled stack's techniques (empty: AR).
     Returns ``{"latency:<workload>": speed-up}``."""
     from studylib.experiments import ch07_combined as cc
-    from studylib.experiments.ch07_report import decoder_options
     from studylib.models import load_model
 
     timed = [wl for wl, techs in stacks.items() if techs]
@@ -35,7 +34,7 @@ def latency_run(model: str, weights: str, act: str, stacks: Mapping[str, Sequenc
     if not timed:
         return out
     lm, tok = load_model(model, device, dtype, weights=weights, act=act)
-    options, _ = decoder_options(lm, draft, draft_fallback, gamma, lookup_gamma, lookup_ngram, lookahead)
+    options, _ = cc.decoder_options(lm, draft, draft_fallback, gamma, lookup_gamma, lookup_ngram, lookahead)
     wls = cc.build_workloads(tok, timed, n_requests=n_requests, max_new_tokens=max_new_tokens,
                              system_tokens=system_tokens, conversations=max(1, n_requests // turns), turns=turns,
                              max_chars=max_chars, seed=seed)

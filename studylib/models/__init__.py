@@ -18,6 +18,7 @@ from studylib.errors import StudylibError
 from studylib.models.config import ModelConfig
 from studylib.models.kv import DenseKVCache
 from studylib.models.llama import ForwardOutput, LlamaModel
+from studylib.models.names import ALIASES, DEFAULT_MODEL, SUPPORTED_ARCHS, SUPPORTED_TEXT, model_dir
 from studylib.models.presets import RANDOM_PRESETS, preset_config, tiny_config
 from studylib.models.tokenizer import ByteTokenizer
 
@@ -26,14 +27,6 @@ __all__ = [
     "resolve_dtype", "resolve_device", "model_dir", "check_model", "DEFAULT_MODEL",
 ]
 
-DEFAULT_MODEL = "smollm2-135m"
-SUPPORTED_ARCHS = {"llama", "mistral", "qwen2"}
-ALIASES = {"smollm2": "smollm2-135m", "smollm2-135m-instruct": "smollm2-135m", "default": "smollm2-135m"}
-SUPPORTED_TEXT = (
-    "smollm2-135m (embedded), tiny-random[:seed], random:<preset> with preset in "
-    f"{sorted(RANDOM_PRESETS)}, or a local path / locally cached HF id of a "
-    f"{'/'.join(sorted(SUPPORTED_ARCHS))} checkpoint"
-)
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -62,30 +55,6 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     if out == torch.float16 and device.type == "cpu":
         raise StudylibError("float16 on CPU is about 1000x slower than bfloat16 here; use --dtype bfloat16.")
     return out
-
-
-def model_dir(name: str) -> Path | None:
-    """The HF-format directory behind ``name``, or None for random models."""
-    name = ALIASES.get(name, name)
-    if name == "smollm2-135m":
-        from studylib.models.hub import smollm2_dir
-
-        return smollm2_dir()
-    if name.startswith(("tiny-random", "random:")):
-        return None
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise StudylibError(f"{path} has no config.json, so it is not an HF-format checkpoint; "
-                                f"supported: {SUPPORTED_TEXT}.")
-        return path
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(name, local_files_only=True))
-    except Exception as exc:
-        raise StudylibError(f"unknown model {name!r}: not a directory and not in the local HF cache; "
-                            f"supported: {SUPPORTED_TEXT}.") from exc
 
 
 def _random_preset(name: str) -> str:

@@ -27,7 +27,7 @@ What this module does, per decoder layer, from one forward pass over calibration
 5. ``o_proj`` is plain round-to-nearest Q4_0: its input comes from ``v`` through the softmax with
    grouped-query heads, so there is no per-channel producer to fold into (AWQ's reference code also
    skips the v -> o scaling when the head counts differ).
-6. The embedding and an untied head are Q8_0, as for every block format (``weights._requantised``).
+6. The embedding and an untied head are Q8_0, as for every block format (``quant.embedding_and_head``).
 
 ``alpha = 0`` (``s = 1``) is plain round-to-nearest and is always in the grid, so on the calibration
 rows each linear is never worse than RTN Q4_0. The search is per linear and greedy (not the full
@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from studylib.errors import StudylibError
-from studylib.models.quant import QuantTensor, dequantize_ref, quantize
+from studylib.models.quant import QuantTensor, dequantize_ref, embedding_and_head, quantize
 
 FMT = "q4_0"
 ALPHAS = tuple(i / 10 for i in range(11))  # 0 first: plain RTN wins ties
@@ -241,10 +241,9 @@ def _store_alphas(key: str, alphas: dict[str, float]) -> None:
 
 def awq_quantise(model, calibration: torch.Tensor | None) -> dict[str, QuantTensor]:
     """AWQ-style Q4_0 blocks for ``model``'s linears (plus Q8_0 embedding / untied head), keyed as
-    ``weights._requantised`` keys them. Folds the scales into the model's norms in place (see the
+    ``quant.embedding_and_head`` keys them. Folds the scales into the model's norms in place (see the
     module docstring); ``calibration``: (batch, seq) token ids of real text, or None for seeded
     random ids."""
-    from studylib.models.weights import embedding_and_head
 
     weights, _ = awq_fold(model, calibration)
     return {**{name: quantize(w, FMT) for name, w in weights.items()}, **embedding_and_head(model)}

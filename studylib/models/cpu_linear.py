@@ -20,27 +20,21 @@ are present, else MKL), ``stream`` (the kernel or a clear error) or ``torch`` (a
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from studylib.cpuinfo import cpu_flags
 from studylib.errors import StudylibError
 from studylib.models import invariant
+from studylib.models.build import AVX2_FLAGS, compile_kernel, has_avx2_fma
 from studylib.models.quant import QuantTensor
 from studylib.models.quant import linear as quant_linear
 
 STREAM_MAX_ROWS = 32  # measured crossover with MKL's GEMM on the dev box (equal at 32 rows)
 _SRC = Path(__file__).parent / "csrc" / "stream_linear.c"
-# -ffp-contract=off: no compiler-chosen FMA in the scalar tail, so the arithmetic is exactly the C code's.
-_CFLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 _MODES = ("auto", "stream", "torch")
 _STREAM_DTYPES = (torch.float32, torch.bfloat16)
 _log = logging.getLogger(__name__)
@@ -54,37 +48,8 @@ def mode() -> str:
     return m
 
 
-def _cpu_has_avx2_fma() -> bool:
-    return {"avx2", "fma"} <= cpu_flags()
-
-
 def _build() -> Path:
-    return compile_kernel(_SRC)
-
-
-def compile_kernel(src: Path, flags: list[str] | None = None, deps: tuple[Path, ...] = ()) -> Path:
-    """Compile a C kernel once per source/flags/compiler into a shared library, cached beside the
-    converted models (``$STUDYLIB_CACHE/kernels``); returns its path. ``deps``: files it #includes,
-    so that editing them rebuilds it too."""
-    from studylib.cache import cache_dir
-
-    flags = list(_CFLAGS if flags is None else flags)
-    cc = os.environ.get("CC", "cc")
-    if shutil.which(cc) is None:
-        raise StudylibError(f"no C compiler ({cc!r}) on PATH")
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    text = src.read_bytes() + b"".join(d.read_bytes() for d in deps)
-    key = hashlib.sha256(text + " ".join(flags + version).encode()).hexdigest()[:16]
-    out = cache_dir("kernels") / f"{src.stem}-{key}.so"
-    if out.exists():
-        return out
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        tmp_so = Path(tmp) / out.name
-        proc = subprocess.run([cc, *flags, str(src), "-o", str(tmp_so)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise StudylibError(f"compiling {src.name} failed: {proc.stderr.strip()[-400:]}")
-        os.replace(tmp_so, out)  # atomic, so concurrent first uses never load a half-written file
-    return out
+    return compile_kernel(_SRC, AVX2_FLAGS)
 
 
 def _load():
@@ -100,7 +65,7 @@ def _load():
     fn = None
     if m != "torch":
         try:
-            if not _cpu_has_avx2_fma():
+            if not has_avx2_fma():
                 raise StudylibError("this CPU lacks AVX2/FMA")
             lib = ctypes.CDLL(str(_build()))
             fn = {torch.float32: lib.stream_linear_f32, torch.bfloat16: lib.stream_linear_bf16}
@@ -143,6 +108,9 @@ def _stream(fn, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     # Decode calls this ~120 times per token, so it does only what the kernel needs: each torch call
     # here costs about a microsecond, as much as the kernel itself on a small matrix.
     K, N = x.shape[-1], weight.shape[0]
+    if weight.dim() != 2 or weight.shape[1] != K or (bias is not None and bias.numel() != N):
+        raise ValueError(f"stream_linear: x (..., {K}) x weight {tuple(weight.shape)} + bias "
+                         f"{None if bias is None else tuple(bias.shape)}: the weight must be (N, {K}) and the bias (N,)")
     x32 = x if x.dtype is torch.float32 else x.float()
     if not x32.is_contiguous():
         x32 = x32.contiguous()
@@ -158,6 +126,13 @@ def _stream(fn, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return y if x.dtype is torch.float32 else y.to(x.dtype)
 
 
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The pure-PyTorch reference of ``stream_linear``: the same product in float64, rounded to x's dtype
+    (the kernel's fp32 sums differ from it only by rounding)."""
+    y = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+    return y.to(x.dtype)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear``, except that fp32/bf16 CPU inference with at most ``STREAM_MAX_ROWS`` rows streams,
     and block-format weights (``quant.QuantTensor``) go to their own kernel."""
@@ -170,6 +145,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         x.dtype in _STREAM_DTYPES
         and weight.dtype is x.dtype
         and x.device.type == "cpu"
+        and weight.device.type == "cpu"
         and x.numel() <= STREAM_MAX_ROWS * x.shape[-1]
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
     ):

@@ -144,7 +144,13 @@ def run(model, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv, hidden
         raise StudylibError("decode_layers: skip_layers and hidden_layers together are not supported")
     if any(not 0 <= i < c.num_layers for i in skip):
         raise StudylibError(f"decode_layers: cannot skip layers {skip} of a {c.num_layers}-layer model")
+    if x.dim() != 3 or x.shape[-1] != c.hidden_size or x.device.type != "cpu" or not x.dtype.is_floating_point:
+        raise ValueError(f"decode_layers: x must be a floating CPU tensor (B, T, {c.hidden_size}), got {x.dtype} "
+                         f"{tuple(x.shape)} on {x.device}")
     B, T, hid = x.shape
+    if cos.shape[-1] != c.head_dim or sin.shape != cos.shape or cos.numel() not in (T * c.head_dim, B * T * c.head_dim):
+        raise ValueError(f"decode_layers: cos/sin must hold {T} positions of {c.head_dim} (per sequence or shared), "
+                         f"got {tuple(cos.shape)} / {tuple(sin.shape)}")
     paged = _is_paged(kv)
     if paged:
         if B != 1 or T != kv.num_tokens:
@@ -192,3 +198,17 @@ def run(model, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv, hidden
     if hidden is not None:
         hidden.update(outs)
     return x
+
+
+def reference(model, ids: torch.Tensor, kv):
+    """The pure-PyTorch reference of the fused step: the same forward of ``ids`` over ``kv`` with every
+    layer run op by op (``STUDYLIB_DECODE_LAYERS=torch``). Returns the model's output."""
+    old = os.environ.get("STUDYLIB_DECODE_LAYERS")
+    os.environ["STUDYLIB_DECODE_LAYERS"] = "torch"
+    try:
+        return model(ids, kv.begin(ids.shape[1]), logits="all")
+    finally:
+        if old is None:
+            os.environ.pop("STUDYLIB_DECODE_LAYERS", None)
+        else:
+            os.environ["STUDYLIB_DECODE_LAYERS"] = old

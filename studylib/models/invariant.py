@@ -29,6 +29,7 @@ import threading
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from studylib.cpuinfo import cpu_flags
 from studylib.errors import StudylibError
@@ -67,7 +68,7 @@ def _libs(which: str):
     key = (which, isa())
     if key in _state:
         return _state[key]
-    from studylib.models.cpu_linear import compile_kernel
+    from studylib.models.build import compile_kernel
 
     with _lock:
         if key not in _state:
@@ -147,6 +148,9 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if x.shape[-1] != K or x.dtype is not torch.float32 or weight.dtype is not torch.float32:
         raise ValueError(f"invariant gemm takes fp32 (..., {K}) x ({N}, {K}), got {x.dtype} {tuple(x.shape)} x "
                          f"{weight.dtype} {tuple(weight.shape)}")
+    if x.device.type != "cpu" or weight.device.type != "cpu" or (bias is not None and bias.shape != (N,)):
+        raise ValueError(f"invariant gemm takes CPU tensors and a bias of the weight's {N} outputs, got x on "
+                         f"{x.device}, weight on {weight.device}, bias {None if bias is None else tuple(bias.shape)}")
     packed = pack(weight)
     x2 = x.reshape(-1, K)
     if x2.stride(-1) != 1:
@@ -162,6 +166,43 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     return y.reshape(*x.shape[:-1], N)
 
 
+def reference_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The pure-PyTorch reference of ``gemm``: the product in float64, rounded to fp32."""
+    return F.linear(x.double(), weight.double(), None if bias is None else bias.double()).float()
+
+
+def _check_attention(q, k_store, v_store, slot_stride, head_stride, slots, slot_offsets, token_offsets, cached,
+                     num_kv_heads) -> None:
+    """Raise ``ValueError`` naming the problem before ``invariant_attention`` reads past a tensor's end."""
+    if q.dim() != 3 or q.dtype is not torch.float32 or k_store.dtype is not torch.float32 \
+            or v_store.dtype is not torch.float32:
+        raise ValueError(f"invariant attention takes fp32 q (N, H, D) and K/V stores, got q {q.dtype} "
+                         f"{tuple(q.shape)}, K {k_store.dtype}, V {v_store.dtype}")
+    N, H, D = q.shape
+    for t in (k_store, v_store):
+        if not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError("the K/V stores must be contiguous CPU tensors (strides are given in elements)")
+    idx = {"slots": slots, "slot_offsets": slot_offsets, "token_offsets": token_offsets, "cached": cached}
+    for name, t in idx.items():
+        if t.dtype is not torch.int64 or t.dim() != 1 or not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError(f"invariant attention: {name} must be a contiguous int64 CPU vector, got {t.dtype} "
+                             f"{tuple(t.shape)}")
+    B = cached.numel()
+    if num_kv_heads < 1 or H % num_kv_heads or slot_offsets.numel() != B + 1 or token_offsets.numel() != B + 1:
+        raise ValueError(f"invariant attention: {H} query heads over {num_kv_heads} KV heads, {B} sequences with "
+                         f"{slot_offsets.numel()} slot offsets and {token_offsets.numel()} token offsets "
+                         "(each must be sequences + 1)")
+    if B and (int(token_offsets[-1]) != N or int(slot_offsets[-1]) > slots.numel()
+              or bool((slot_offsets[1:] - slot_offsets[:-1] < token_offsets[1:] - token_offsets[:-1]
+                       + cached).any())):
+        raise ValueError("invariant attention: the offsets do not cover the queries, or a sequence has fewer key "
+                         "slots than its cached tokens plus its queries")
+    last = (int(slots.max()) * slot_stride + (num_kv_heads - 1) * head_stride + D) if slots.numel() else 0
+    if slots.numel() and (int(slots.min()) < 0 or last > min(k_store.numel(), v_store.numel())):
+        raise ValueError(f"invariant attention: a key slot reaches element {last} of stores of "
+                         f"{min(k_store.numel(), v_store.numel())}")
+
+
 def attention(q: torch.Tensor, k_store: torch.Tensor, v_store: torch.Tensor, slot_stride: int, head_stride: int,
               slots: torch.Tensor, slot_offsets: torch.Tensor, token_offsets: torch.Tensor, cached: torch.Tensor,
               num_kv_heads: int) -> torch.Tensor:
@@ -173,11 +214,10 @@ def attention(q: torch.Tensor, k_store: torch.Tensor, v_store: torch.Tensor, slo
     ``slots[slot_offsets[i]:slot_offsets[i+1]]`` in position order; query j sees keys 0..cached[i]+j.
     Index tensors are int64 CPU and contiguous."""
     N, H, D = q.shape
+    _check_attention(q, k_store, v_store, slot_stride, head_stride, slots, slot_offsets, token_offsets, cached,
+                     num_kv_heads)
     if q.stride(2) != 1:
         q = q.contiguous()
-    for t in (k_store, v_store):
-        if not t.is_contiguous():
-            raise ValueError("the K/V stores must be contiguous (strides are given in elements)")
     out = torch.empty(N, H, D, dtype=torch.float32)
     B = int(cached.numel())
     if N:
@@ -202,3 +242,17 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: in
     qf = q.transpose(1, 2).reshape(B * n, H, D)  # (B*n, H, D), token-major
     out = attention(qf, k, v, D, S * D, slots, slot_off, tok_off, cached, Hkv)
     return out.view(B, n, H, D).transpose(1, 2)
+
+
+def dense_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    """The pure-PyTorch reference of ``dense_attention``: causal attention in float64 over the cache's first
+    ``start + n`` slots, each query head reading its group's key/value head, rounded to fp32."""
+    B, H, n, D = q.shape
+    Hkv = k.shape[1]
+    L = start + n
+    kk = k[:, :, :L].double().repeat_interleave(H // Hkv, dim=1)
+    vv = v[:, :, :L].double().repeat_interleave(H // Hkv, dim=1)
+    scores = q.double() @ kk.transpose(-1, -2) / D ** 0.5  # (B, H, n, L)
+    pos = torch.arange(L)[None] <= (start + torch.arange(n))[:, None]
+    scores = scores.masked_fill(~pos, float("-inf"))
+    return (scores.softmax(-1) @ vv).float()

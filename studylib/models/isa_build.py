@@ -64,7 +64,7 @@ class IsaFamily:
             raise StudylibError(f"this CPU cannot run the {name} build of {self.source.stem} (it lacks "
                                 f"{sorted(self.needs[name] - self._cpu_flags())}); use one of {', '.join(self.available())}.")
         if name not in self._libs:
-            from studylib.models.cpu_linear import compile_kernel
+            from studylib.models.build import compile_kernel
 
             # The C source numbers its paths from the last (scalar = 0) up to the best.
             flags = ["-O3", *self.flags[name], f"-D{self.define}={self.paths[::-1].index(name)}", "-ffp-contract=off",
@@ -111,11 +111,10 @@ class IsaFamily:
         """``x @ qt.T + bias`` with x rounded by this family's arithmetic: (..., K) -> (..., N) fp32, any rows."""
         import torch
 
-        from studylib.models.quant import kernel_operands
+        from studylib.models.quant import check_operands, kernel_operands
 
         n, k = qt.shape
-        if x.shape[-1] != k:
-            raise ValueError(f"{self.act} linear: x has width {x.shape[-1]}, the {qt.fmt} weight {k}")
+        check_operands(f"{self.act} linear of a {qt.fmt} weight", x, n, k, bias)
         so = self.lib(isa)
         wp = self.pack(qt)
         x32, bias, y, m = kernel_operands(x, bias, n)

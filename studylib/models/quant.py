@@ -196,7 +196,7 @@ def lib():
     if name == "torch":
         return None
     if name not in _libs:
-        from studylib.models.cpu_linear import compile_kernel
+        from studylib.models.build import compile_kernel
 
         flags = ["-O3", *_ISA_FLAGS[name], "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
         so = ctypes.CDLL(str(compile_kernel(_SRC, flags, _DEPS)))
@@ -215,9 +215,30 @@ def lib():
     return _libs[name]
 
 
+_X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_operands(name: str, x: torch.Tensor, n: int, k: int, bias: torch.Tensor | None) -> None:
+    """Raise ``ValueError`` naming what is wrong before a C linear over an (n, k) weight reads ``x`` and
+    ``bias``: a wrong width or bias length would read past the tensors' ends, not fail."""
+    if x.shape[-1:] == (k,) and x.dtype in _X_DTYPES and x.device.type == "cpu" and (
+            bias is None or (bias.shape == (n,) and bias.device.type == "cpu" and bias.dtype.is_floating_point)):
+        return
+    if x.dim() == 0 or x.shape[-1] != k:
+        problem = f"x has shape {tuple(x.shape)}; its last dimension must be the weight's width {k}"
+    elif x.dtype not in _X_DTYPES:
+        problem = f"x is {x.dtype}; it must be float32, bfloat16 or float16"
+    elif x.device.type != "cpu":
+        problem = f"x is on {x.device}; the kernel runs on the CPU"
+    else:
+        problem = (f"the bias is {bias.dtype} {tuple(bias.shape)} on {bias.device}; it must be a floating CPU "
+                   f"vector of the weight's {n} outputs")
+    raise ValueError(f"{name}: {problem}")
+
+
 def kernel_operands(x: torch.Tensor, bias: torch.Tensor | None, n: int):
     """What a C linear over ``n`` outputs takes: (x as contiguous fp32, the bias as contiguous fp32 or
-    None, the fp32 output (..., n), its row count)."""
+    None, the fp32 output (..., n), its row count). Call ``check_operands`` first."""
     x32 = x if x.dtype is torch.float32 else x.float()
     if not x32.is_contiguous():
         x32 = x32.contiguous()
@@ -233,6 +254,7 @@ def kernel_linear(x: torch.Tensor, w: QuantTensor, bias: torch.Tensor | None = N
     if kernels is None:
         raise StudylibError("no block-format kernel on this CPU (it needs AVX2/FMA/F16C)")
     n, k = w.shape
+    check_operands(f"{w.fmt} linear", x, n, k, bias)
     x32, bias, y, m = kernel_operands(x, bias, n)
     if m and kernels.quant_linear(FORMATS[w.fmt][0], x32.data_ptr(), k, w.data.data_ptr(),
                               None if bias is None else bias.data_ptr(), y.data_ptr(), m, k, n,
@@ -275,3 +297,19 @@ def linear(x: torch.Tensor, w: QuantTensor, bias: torch.Tensor | None = None) ->
     else:
         y = F.linear(x.float(), w.dequantize(), None if bias is None else bias.float())
     return y if x.dtype is torch.float32 else y.to(x.dtype)
+
+
+def reference_linear(x: torch.Tensor, w: QuantTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The pure-PyTorch reference of ``kernel_linear``: the blocks dequantised by ``dequantize_ref`` and
+    multiplied in float64, rounded to fp32."""
+    y = F.linear(x.double(), dequantize_ref(w).double(), None if bias is None else bias.double())
+    return y.float()
+
+
+def embedding_and_head(model) -> dict[str, QuantTensor]:
+    """The embedding (and an untied head) as Q8_0, in every re-quantised format as in the GGUF file
+    (4-bit heads cost quality for few bytes: llama.cpp's Q4 mixes keep them at Q6_K/Q8_0 too)."""
+    out = {"embed": quantize(model.model.embed_tokens.weight, "q8_0")}
+    if model.lm_head.weight is not model.model.embed_tokens.weight:
+        out["head"] = quantize(model.lm_head.weight, "q8_0")
+    return out

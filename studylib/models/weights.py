@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from studylib.errors import StudylibError
-from studylib.models.quant import QuantTensor, quantize
+from studylib.models.quant import QuantTensor, embedding_and_head, quantize
 
 WEIGHT_FORMATS = ("dense", "gguf", "q8_0", "q4_0", "q4_1", "awq4")
 ACTS = ("fp32", "int8", "bf16")
@@ -65,7 +65,7 @@ class QuantEmbedding(nn.Module):
 
 def check_weights(fmt: str, model_name: str | None = None, device: str | torch.device = "cpu") -> str:
     """Validate a ``--weights`` value (and its model/device) without loading anything; returns it."""
-    from studylib.models import ALIASES
+    from studylib.models.names import ALIASES
 
     base, plus, option = fmt.partition("+")
     if base not in WEIGHT_FORMATS or (plus and (option not in OPTIONS or base == "dense")):
@@ -159,15 +159,6 @@ def _requantised(model, fmt: str, calibration: torch.Tensor | None) -> dict[str,
         out[f"{i}.gate_up"] = quantize(mlp.gate_up_weight, fmt)
         out[f"{i}.down"] = quantize(mlp.down_proj.weight, fmt)
     return {**out, **embedding_and_head(model)}
-
-
-def embedding_and_head(model) -> dict[str, QuantTensor]:
-    """The embedding (and an untied head) as Q8_0, in every re-quantised format as in the GGUF file
-    (4-bit heads cost quality for few bytes: llama.cpp's Q4 mixes keep them at Q6_K/Q8_0 too)."""
-    out = {"embed": quantize(model.model.embed_tokens.weight, "q8_0")}
-    if model.lm_head.weight is not model.model.embed_tokens.weight:
-        out["head"] = quantize(model.lm_head.weight, "q8_0")
-    return out
 
 
 def _unpermute_rows(n: int, heads: int) -> torch.Tensor:

@@ -55,6 +55,9 @@ class EngineConfig:
     batch_invariant: bool | None = None
     attention: str = "auto"  # PagedBatch attention strategy: auto | loop | padded
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # Speculation inside the batch: "prompt-lookup:GAMMA,NGRAM" (a greedy request verifies up to GAMMA
+    # tokens copied from its own text in the batched step), or None.
+    speculate: str | None = None
 
     def __post_init__(self) -> None:
         self.scheduler_config()  # validates the scheduling options
@@ -66,12 +69,31 @@ class EngineConfig:
             raise StudylibError(f"kv_budget_mib must be > 0, got {self.kv_budget_mib}.")
         if self.block_size < 1:
             raise StudylibError(f"block_size must be >= 1, got {self.block_size}.")
+        if self.speculation()[0] and not self.sampling.greedy:
+            raise StudylibError("speculation inside the batch verifies greedily: keep the engine's default "
+                                "sampling greedy (requests may still ask for their own sampling, and then do not "
+                                "speculate), or set speculate none.")
         if self.attention not in ("auto", "loop", "padded"):
             raise StudylibError(f"unknown attention strategy {self.attention!r}; use auto, loop or padded.")
 
+    def speculation(self) -> tuple[int, int]:
+        """(gamma, ngram) of ``speculate``; (0, 3) when off."""
+        if self.speculate in (None, "", "none"):
+            return 0, 3
+        kind, _, args = str(self.speculate).partition(":")
+        try:
+            gamma, ngram = (int(a) for a in (args or "8,3").split(","))
+        except ValueError:
+            gamma = ngram = -1
+        if kind != "prompt-lookup" or gamma < 1 or ngram < 1:
+            raise StudylibError(f"speculate={self.speculate!r}: give prompt-lookup:GAMMA,NGRAM (e.g. prompt-lookup:8,3) "
+                                "or none.")
+        return gamma, ngram
+
     def scheduler_config(self) -> SchedulerConfig:
+        gamma, ngram = self.speculation()
         return SchedulerConfig(self.scheduler, self.max_batch_tokens, self.max_running, self.chunk_size,
-                               self.prefix_cache, self.cache_aware, self.max_bypass)
+                               self.prefix_cache, self.cache_aware, self.max_bypass, gamma, ngram)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -95,7 +117,18 @@ class ServingRun:
     def summary(self, slo: dict | None = None) -> dict:
         s = summarize(self.requests, self.duration_s, slo=slo, steps=self.steps, preemptions=self.preemptions)
         s["max_bypassed"] = max(self.bypassed.values(), default=0)
+        s.update(self.host_time())
         return s
+
+    def host_time(self, min_rows: int = 1) -> dict:
+        """The engine's own share of its steps of at least ``min_rows`` sequences: host seconds (scheduling,
+        bookkeeping, committing) over host + forward seconds, and the median per step."""
+        rows = [t for t in self.timeline if t.get("batch_seqs", 0) >= min_rows and "host_s" in t]
+        host = sum(t["host_s"] for t in rows)
+        total = host + sum(t["forward_s"] for t in rows)
+        per = sorted(t["host_s"] for t in rows)
+        return {"host_share": host / total if total > 0 else None,
+                "host_s_per_step_p50": per[len(per) // 2] if per else None, "host_steps": len(rows)}
 
     def records(self) -> list[dict]:
         return [{**r.record(), "bypassed": self.bypassed.get(r.id, 0)} for r in self.requests]
@@ -181,7 +214,12 @@ class Engine:
 
     # ---- one step -------------------------------------------------------------------------------
     def step(self) -> list[Request]:
-        """Schedule, run one forward pass, commit. Returns the requests that finished in this step."""
+        """Schedule, run one forward pass, commit. Returns the requests that finished in this step.
+
+        The timeline splits the step's time: ``forward_s`` (the runner: the model's forward and the
+        sampling), ``host_s`` (everything else: scheduling, block bookkeeping, committing tokens), the
+        engine's own cost that a fast kernel cannot hide."""
+        t_sched = time.perf_counter()
         out = self.scheduler.schedule()
         if not out:
             return []
@@ -194,7 +232,7 @@ class Engine:
         with ctx:
             if isinstance(self.runner, PagedRunner):
                 batch = [reqs[rid] for rid in out.num_tokens]
-                sampled = self.runner.run(batch, [out.num_tokens[r.id] for r in batch])
+                sampled = self.runner.run(batch, [out.num_tokens[r.id] for r in batch], out.drafts)
             elif out.new_batch is not None:
                 sampled = self.runner.start([reqs[rid] for rid in out.new_batch])
             else:
@@ -205,11 +243,15 @@ class Engine:
             self.runner.reset()
             self.batch = []
         self.steps += 1
+        host = (time.perf_counter() - t_sched) - (end - start)
         self.timeline.append({
-            "t": end, "step_s": end - start, "waiting": len(self.scheduler.waiting),
+            "t": end, "step_s": end - start, "forward_s": end - start, "host_s": host,
+            "waiting": len(self.scheduler.waiting),
             "running": len(self.scheduler.running) + len(done), "batch_seqs": len(out.num_tokens),
             "batch_tokens": out.total_tokens, "preempted": len(out.preempted), "kv_used": self.kv_used(),
             "kv_reserved_bytes": reserved, "kv_live_bytes": live,
+            "drafted_tokens": sum(len(d) for d in out.drafts.values()),
+            "accepted_tokens": sum(len(sampled[r]) - 1 for r in out.drafts if r in sampled),
         })
         return done
 

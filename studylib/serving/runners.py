@@ -53,21 +53,48 @@ class PagedRunner:
         self.sampler = RowSampler(sampling, model.device)
 
     @torch.inference_mode()
-    def run(self, reqs: list[Request], ns: list[int]) -> dict[str, int]:
+    def run(self, reqs: list[Request], ns: list[int], drafts: dict[str, list[int]] | None = None) -> dict:
+        """One forward over every scheduled row. Returns request id -> its next token, or, for a request
+        verifying ``drafts[id]`` (greedy), the tokens it commits: the drafts the model agrees with, then
+        the model's own next token (the correction, or a bonus after every draft was accepted)."""
         dev = self.model.device
+        drafts = drafts or {}
         cached = [r.num_computed for r in reqs]
-        chunks = [r.all_ids[c : c + n] for r, c, n in zip(reqs, cached, ns, strict=True)]
+        chunks = [r.all_ids[c : c + 1] + drafts[r.id] if r.id in drafts else r.all_ids[c : c + n]
+                  for r, c, n in zip(reqs, cached, ns, strict=True)]
+        if any(len(ch) != n for ch, n in zip(chunks, ns, strict=True)):
+            raise ValueError("a scheduled row count differs from its chunk (a draft that does not fit its step)")
         ids = torch.tensor([t for ch in chunks for t in ch], dtype=torch.long, device=dev)[None]  # (1, N)
         view = PagedBatch(self.pool, [r.block_table for r in reqs], cached, ns, mode=self.attention)
-        # Only sequences whose chunk reaches their last known token produce a next token.
-        want = [i for i, (r, c, n) in enumerate(zip(reqs, cached, ns, strict=True)) if c + n == r.num_tokens]
+        # Only sequences whose chunk reaches their last known token produce a next token; a verifying one
+        # needs a row of logits for each token it feeds.
+        want = [i for i, (r, c, n) in enumerate(zip(reqs, cached, ns, strict=True))
+                if c + n == r.num_tokens or r.id in drafts]
         if not want:
             self.model(ids, view, logits="none")
             return {}
-        idx = view.logit_index()[want]
-        logits = self.model(ids, view, logits=idx).logits[0]  # (len(want), vocab)
-        toks = self.sampler(logits, [reqs[i] for i in want]).tolist()
-        return {reqs[i].id: t for i, t in zip(want, toks, strict=True)}
+        last = view.logit_index()
+        rows = [list(range(int(last[i]) - ns[i] + 1, int(last[i]) + 1)) if reqs[i].id in drafts else [int(last[i])]
+                for i in want]
+        idx = torch.tensor([j for r in rows for j in r], dtype=torch.long, device=dev)
+        logits = self.model(ids, view, logits=idx).logits[0]  # (rows wanted, vocab)
+        out, at, plain, plain_rows = {}, 0, [], []
+        for i, r in zip(want, rows, strict=True):
+            if reqs[i].id in drafts:
+                top = logits[at : at + len(r)].argmax(-1).tolist()
+                draft = drafts[reqs[i].id]
+                k = 0
+                while k < len(draft) and draft[k] == top[k]:
+                    k += 1
+                out[reqs[i].id] = draft[:k] + [top[k]]
+            else:
+                plain.append(i)
+                plain_rows.append(at)
+            at += len(r)
+        if plain:
+            toks = self.sampler(logits[plain_rows], [reqs[i] for i in plain]).tolist()
+            out.update({reqs[i].id: t for i, t in zip(plain, toks, strict=True)})
+        return out
 
 
 class DenseBatchRunner:

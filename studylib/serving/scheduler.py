@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from studylib.decoding.prompt_lookup import NgramIndex
 from studylib.errors import StudylibError
 from studylib.serving.blocks import BlockManager
 from studylib.serving.request import Request, RequestStatus
@@ -44,6 +45,11 @@ class SchedulerConfig:
     prefix_cache: str = "none"  # "radix" | "none"
     cache_aware: bool = False  # admit the waiting request with the longest cached prefix first
     max_bypass: int = 16  # cache_aware: a request jumped over this many times is admitted next (FCFS)
+    # Prompt-lookup drafts inside the batch: a greedy decoding request brings up to ``speculate_gamma``
+    # tokens copied from its own text (longest suffix n-gram of up to ``speculate_ngram`` tokens) into the
+    # step as verification rows beside the other requests' rows; 0 = off.
+    speculate_gamma: int = 0
+    speculate_ngram: int = 3
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -67,6 +73,13 @@ class SchedulerConfig:
                 "(sequential, continuous) with --prefix-cache radix.")
         if self.cache_aware and self.prefix_cache == "none":
             raise StudylibError("cache-aware admission orders by cached prefix length; it needs --prefix-cache radix.")
+        for name in ("speculate_gamma", "speculate_ngram"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "speculate_gamma" else 1):
+                raise StudylibError(f"{name} must be an integer >= {0 if name == 'speculate_gamma' else 1}, got {v!r}.")
+        if self.speculate_gamma and self.policy == "static":
+            raise StudylibError("speculation inside the batch needs a paged scheduler (continuous or sequential); "
+                                "the static batch is a padded rectangle that cannot grow rows per request.")
         if self.policy == "sequential":
             self.max_running = 1
 
@@ -80,6 +93,7 @@ class SchedulerOutput:
     num_tokens: dict[str, int] = field(default_factory=dict)  # request id -> tokens to run this step
     preempted: list[str] = field(default_factory=list)
     new_batch: list[str] | None = None  # static: a fresh batch's row order (its prefill step)
+    drafts: dict[str, list[int]] = field(default_factory=dict)  # request id -> tokens it verifies this step
 
     @property
     def total_tokens(self) -> int:
@@ -112,6 +126,7 @@ class Scheduler:
         self.num_preemptions = 0
         # request id -> how many admissions jumped over it while it waited (cache-aware order only)
         self.bypassed: dict[str, int] = {}
+        self.lookups: dict[str, NgramIndex] = {}  # request id -> its prompt-lookup index (speculation)
 
     # ---- queue management -----------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -153,6 +168,8 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.remaining, cfg.chunk_size, budget)
+            draft = self._draft(req, budget - 1) if n == 1 else []
+            n += len(draft)
             while not self.blocks.grow(req, req.num_computed + n):
                 # Pool exhausted even after evicting cold prefixes: preempt the youngest request.
                 victim = self.running[-1]
@@ -162,6 +179,8 @@ class Scheduler:
                     break
             if req.status is RequestStatus.RUNNING:
                 out.num_tokens[req.id] = n
+                if draft:
+                    out.drafts[req.id] = draft
                 budget -= n
                 i += 1
         # 2. Admit waiting requests into the same step (for ``sequential``, only when nothing runs).
@@ -177,6 +196,21 @@ class Scheduler:
             out.num_tokens[req.id] = n
             budget -= n
         return out
+
+    def _draft(self, req: Request, room: int) -> list[int]:
+        """Up to ``speculate_gamma`` tokens copied from ``req``'s own text to verify in this step: only for
+        a greedy request that is decoding (its one known token left), never past its token budget."""
+        cfg = self.config
+        if not cfg.speculate_gamma or not req.output_ids or req.remaining != 1 or room < 1 or (
+                req.sampling is not None and not req.sampling.greedy):
+            return []
+        index = self.lookups.get(req.id)
+        if index is None:
+            index = self.lookups[req.id] = NgramIndex(cfg.speculate_ngram)
+        seq = req.all_ids
+        index.extend(seq)
+        left = req.max_new_tokens - len(req.output_ids) - 1  # the last token is sampled, never verified
+        return index.lookup(seq, min(cfg.speculate_gamma, left, room))
 
     def _next_waiting(self) -> Request:
         head = self.waiting[0]
@@ -239,15 +273,24 @@ class Scheduler:
             req = self.requests[rid]
             if req.status is not RequestStatus.RUNNING:
                 continue  # aborted while the step ran
-            req.num_computed += n
+            if rid in out.drafts:
+                # a verification: the last token and the accepted drafts now have K/V; the rejected
+                # drafts' slots hold nothing anyone reads and are overwritten by the next step
+                tokens = list(sampled[rid])
+                req.num_computed += len(tokens)
+            else:
+                tokens = [sampled[rid]] if rid in sampled else []
+                req.num_computed += n
             if req.first_scheduled_s is None:
                 req.first_scheduled_s = now
             if req.num_computed < req.num_tokens:
                 continue
             if self.blocks is not None and not req.output_ids:
                 self.blocks.cache_computed(req)  # the prompt is done: share its KV with later arrivals
-            if req.append_token(sampled[rid], now):
+            if any(req.append_token(t, now) for t in tokens):  # stops at the first token that ends it
+                req.num_computed = min(req.num_computed, req.num_tokens)
                 self.running.remove(req)
+                self.lookups.pop(rid, None)
                 if self.blocks is not None:
                     self.blocks.release(req, cache=True)
                 self._finish(req, RequestStatus.FINISHED, req.stop_reason, now)

@@ -26,7 +26,6 @@ No smaller SmolLM2 exists, so we make one. The recipe, chosen for a 2-core CPU a
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -41,19 +40,12 @@ from pathlib import Path
 import torch
 
 from studylib.cache import cache_dir
+from studylib.decoding.draft_files import distilled_dir, slug
 from studylib.errors import StudylibError
 
 
-def _slug(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in Path(name).name or name)
-
-
-def distilled_dir(target_name: str) -> Path:
-    return cache_dir("drafts", f"{_slug(target_name)}-distilled")
-
-
 def work_dir(target_name: str) -> Path:
-    return cache_dir("drafts", f"{_slug(target_name)}-distilled-work")
+    return cache_dir("drafts", f"{slug(target_name)}-distilled-work")
 
 
 @dataclass
@@ -123,7 +115,7 @@ def _load_work(path: Path) -> dict | None:
     """A work file (data.pt, ckpt.pt) with ``torch.load(weights_only=True)``: tensors and plain
     containers only, so a tampered cache file cannot run code. Files of older versions pickled
     ``draft_data.Sequence`` objects; that one plain dataclass is allowed in, nothing else."""
-    from studylib.decoding.draft_data import Sequence
+    from studylib.drafting.data import Sequence
 
     with torch.serialization.safe_globals([Sequence]):
         return torch.load(path, weights_only=True)
@@ -135,7 +127,7 @@ def _seqs_to_plain(seqs: list) -> list[dict]:
 
 
 def _seqs_from_plain(rows: list) -> list:
-    from studylib.decoding.draft_data import Sequence
+    from studylib.drafting.data import Sequence
 
     return [r if isinstance(r, Sequence) else Sequence(**r) for r in rows]
 
@@ -143,7 +135,7 @@ def _seqs_from_plain(rows: list) -> list:
 def _make_data(cfg: DraftTrainConfig, target, tok, work: Path, deadline: _Deadline) -> tuple[list, bool]:
     """Generate (or resume generating) the distillation set; returns (sequences, complete)."""
     from studylib.decoding.common import eos_set
-    from studylib.decoding.draft_data import chat_prompts, generate_batch, self_prompts
+    from studylib.drafting.data import chat_prompts, generate_batch, self_prompts
     from studylib.progress import progress_bar
     from studylib.sampling import SamplingParams
 
@@ -299,21 +291,6 @@ def _export(draft, cfg: DraftTrainConfig, target, meta: dict, head: list[int]) -
     return dest
 
 
-def load_draft_weights(path: Path, device, dtype):
-    """The runtime model in an exported draft directory (no tokenizer needed, so random targets work)."""
-    from transformers import AutoConfig
-
-    from studylib.bench.provenance import record_artifact
-    from studylib.models import ModelConfig, _load_weights
-
-    path = Path(record_artifact("draft", path))  # its weights' sha256 goes into provenance
-    cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(path), name=f"draft:{path.name}")
-    return _load_weights(path, cfg, device, dtype)
-
-
-def draft_meta(target_name: str) -> dict | None:
-    path = distilled_dir(target_name) / "draft_meta.json"
-    return {**json.loads(path.read_text()), "path": str(path.parent)} if path.exists() else None
 
 
 # ---------------------------------------------------------------------------------------------- train
@@ -406,59 +383,3 @@ def train_draft(cfg: DraftTrainConfig, loaded: tuple | None = None) -> dict:
     return meta
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from studylib.decoding import eagle_train
-
-    d = DraftTrainConfig()
-    p.add_argument("--kind", default="distilled", choices=("distilled", "eagle"),
-                   help="distilled: a small Llama draft (default); eagle: a feature-level EAGLE head (eagle_train)")
-    p.add_argument("--model", default=d.model, help="target model (default smollm2-135m)")
-    p.add_argument("--layers", type=int, default=d.layers, help="draft decoder layers (default 4)")
-    p.add_argument("--init", default=d.init, help="auto | spaced | first | random: which target layers to start from")
-    p.add_argument("--sources", default=",".join(d.sources), help="prompt sources: chat,self")
-    p.add_argument("--self-prompts", type=int, default=None,
-                   help=f"user turns the target writes itself (default {d.self_prompts}; eagle 16)")
-    p.add_argument("--samples", type=int, default=None,
-                   help=f"sampled answers per prompt besides greedy (default {d.samples}; eagle 1)")
-    p.add_argument("--gen-tokens", type=int, default=None, help=f"answer length (default {d.gen_tokens}; eagle 96)")
-    p.add_argument("--temperature", type=float, default=d.temperature)
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--max-minutes", type=float, default=None,
-                   help="hard wall-time cap (default 25 for distilled, 20 for eagle)")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--head-vocab", type=int, default=d.head_vocab, help="rows of the fast draft head (0: none)")
-    p.add_argument("--save-every", type=int, default=d.save_every)
-    p.add_argument("--data-share", type=float, default=d.data_share,
-                   help="the largest share of --max-minutes spent generating data (the rest trains)")
-    p.add_argument("--train-embeddings", action="store_true", help="train the embedding/LM head too (frozen by default)")
-    p.add_argument("--device", default=d.device)
-    p.add_argument("--fresh", action="store_true", help="ignore cached data and checkpoint")
-    p.add_argument("--out", default=None, help="export directory (default: the cache, found by --draft distilled "
-                   "or --draft eagle)")
-    eagle_train.add_arguments(p.add_argument_group("eagle (--kind eagle)"))
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.kind == "eagle":
-        from studylib.decoding import eagle_train
-
-        return eagle_train.run(args)
-    d = DraftTrainConfig()
-    for name in ("max_minutes", "self_prompts", "samples", "gen_tokens"):
-        if getattr(args, name) is None:
-            setattr(args, name, getattr(d, name))
-    cfg = DraftTrainConfig(
-        model=args.model, layers=args.layers, init=args.init, sources=tuple(args.sources.split(",")),
-        self_prompts=args.self_prompts, samples=args.samples, gen_tokens=args.gen_tokens,
-        temperature=args.temperature, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-        max_minutes=args.max_minutes, seed=args.seed, head_vocab=args.head_vocab, save_every=args.save_every,
-        data_share=args.data_share, freeze_embeddings=not args.train_embeddings, device=args.device, fresh=args.fresh, out=args.out,
-    )
-    meta = train_draft(cfg)
-    state = "complete" if meta["complete"] else "stopped at the time cap; rerun the same command to resume"
-    print(f"draft: {meta['path']} ({meta['params'] / 1e6:.1f}M params, {meta['layers']} layers from target layers "
-          f"{meta['init_layers']}), {meta['steps_done']}/{meta['steps_total']} steps, {state}; "
-          f"held-out top-1 agreement {meta['val_top1']:.3f}, loss {meta['val_loss']:.3f}")
-    return 0

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from studylib.cache import cache_dir
+from studylib.drafting.precision import autocast, train_precision
 from studylib.errors import StudylibError
 
 
@@ -109,7 +110,7 @@ def reuse_key(cfg: EagleTrainConfig) -> str:
 
 
 def _work(cfg: EagleTrainConfig, target_name: str) -> Path:
-    from studylib.decoding.draft_train import _slug
+    from studylib.decoding.draft_files import slug as _slug
 
     p = Path(cfg.out).with_name(Path(cfg.out).name + "-work") if cfg.out else \
         cache_dir("drafts", f"{_slug(target_name)}-eagle-work")
@@ -120,7 +121,7 @@ def _work(cfg: EagleTrainConfig, target_name: str) -> Path:
 def _answers(cfg: EagleTrainConfig, target, tok, work: Path, minutes: float) -> tuple[list, bool]:
     """The target's answers, through the distilled draft's generator (and its cached file when the
     settings match)."""
-    from studylib.decoding import draft_train as dt
+    from studylib.drafting import train as dt
 
     dcfg = dt.DraftTrainConfig(model=cfg.model, sources=cfg.sources, self_prompts=cfg.self_prompts,
                                samples=cfg.samples, gen_tokens=cfg.gen_tokens, seed=cfg.seed, device=cfg.device,
@@ -307,26 +308,6 @@ def losses(head, embed: torch.Tensor, w_head: torch.Tensor, head_ids: torch.Tens
     return total, stats
 
 
-def train_precision(choice: str, device) -> str:
-    """fp32 or bf16 for training matmuls: ``auto`` picks bf16 on a CPU with native bf16 (amx_bf16 or
-    avx512_bf16, where it runs several times faster than fp32) and on CUDA, fp32 elsewhere."""
-    from studylib.cpuinfo import cpu_flags
-
-    if choice != "auto":
-        return choice
-    if torch.device(device).type == "cuda":
-        return "bf16"
-    return "bf16" if {"amx_bf16", "avx512_bf16"} & cpu_flags() else "fp32"
-
-
-def _autocast(precision: str, device):
-    import contextlib
-
-    if precision != "bf16":
-        return contextlib.nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
-
-
 def _lr(cfg: EagleTrainConfig, step: int) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
@@ -370,7 +351,7 @@ def train_loop(head, opt, state: dict, train: list[int], embed, w_head, ids_t, c
             for group in opt.param_groups:
                 group["lr"] = _lr(cfg, step)
             g = torch.Generator(device=device).manual_seed(cfg.seed + 7919 * step)
-            with _autocast(precision, device):
+            with autocast(precision, device):
                 loss, st = losses(head, embed, w_head, ids_t, ids, feats, top, valid, cfg.cls_weight, cfg.noise,
                                   cfg.unroll, g)
             opt.zero_grad(set_to_none=True)
@@ -515,22 +496,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from studylib.decoding.draft_train import DraftTrainConfig
+    """``studylib train-draft --kind eagle`` (``studylib.drafting.cli`` checks the options first)."""
     from studylib.decoding.eagle import TreeSpec
 
-    if getattr(args, "preset", None) == "shipped":
-        from studylib.decoding import head_train
-
-        return head_train.run_preset(args)
-
-    dd = DraftTrainConfig()
-    for flag, name, eagle_flag in (("--steps", "steps", "--eagle-steps"), ("--lr", "lr", "--eagle-lr"),
-                                   ("--batch-size", "batch_size", "--batch-tokens"),
-                                   ("--head-vocab", "head_vocab", "--eagle-head-vocab"),
-                                   ("--temperature", "temperature", None), ("--layers", "layers", None)):
-        if getattr(args, name) != getattr(dd, name):
-            raise StudylibError(f"{flag} is a distilled-draft option; with --kind eagle use "
-                                f"{eagle_flag or 'the EAGLE options'} (see `studylib train-draft --help`).")
     tree = TreeSpec.parse(args.tree)
     d = EagleTrainConfig()
     for name in ("max_minutes", "self_prompts", "samples", "gen_tokens"):

@@ -38,6 +38,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from studylib.decoding.draft_files import shipped_dir
+from studylib.drafting.precision import autocast, train_precision
 from studylib.errors import StudylibError
 
 HELDOUT_MOD = 20  # 1 in 20 prompts (with all their answers) is validation only
@@ -96,7 +98,7 @@ class Corpus:
     """The corpus's answers as training windows, features read memory-mapped."""
 
     def __init__(self, base: str | Path, context: int):
-        from studylib.decoding.draft_corpus import document_of, shard_dirs
+        from studylib.drafting.corpus import document_of, shard_dirs
 
         self.base, self.context = Path(base), context
         self.feats: list[np.ndarray] = []
@@ -269,7 +271,7 @@ def evaluate(head, corpus: Corpus, embed, w_head, head_ids, w_full, cfg: HeadTra
     tot: dict[str, float] = {}
     weight: dict[str, float] = {}
     head.eval()
-    with torch.no_grad(), _autocast(cfg.precision, device):
+    with torch.no_grad(), autocast(cfg.precision, device):
         for k in range(0, len(items), 8):
             b = corpus.batch(items[k: k + 8], device)
             _, st = losses(head, embed, w_head, head_ids, w_full, b, 2, cfg.cls_weight, 0.0, full_top1=True)
@@ -281,12 +283,6 @@ def evaluate(head, corpus: Corpus, embed, w_head, head_ids, w_full, cfg: HeadTra
                 weight[key] = weight.get(key, 0.0) + n
     head.train()
     return {k: v / max(weight[k], 1.0) for k, v in tot.items()}
-
-
-def _autocast(precision: str, device):
-    from studylib.decoding.eagle_train import _autocast as ac
-
-    return ac(precision, device)
 
 
 def _lr(cfg: HeadTrainConfig, step: int) -> float:
@@ -309,7 +305,6 @@ def train(cfg: HeadTrainConfig, work: str | Path, loaded: tuple | None = None, p
     """Train (resuming ``work``'s checkpoint when it matches) until the curve flattens, ``max_steps`` or
     the time cap; returns the state: head, vocabulary, curve, history, timing."""
     from studylib.decoding.eagle import EagleHead
-    from studylib.decoding.eagle_train import train_precision
     from studylib.models import load_model
     from studylib.progress import progress_bar
 
@@ -325,7 +320,7 @@ def train(cfg: HeadTrainConfig, work: str | Path, loaded: tuple | None = None, p
     w_full = target.lm_head.weight.detach()
     precision = train_precision(cfg.precision, device)
     ckpt_path = work / "ckpt.pt"
-    from studylib.decoding.draft_corpus import corpus_hash
+    from studylib.drafting.corpus import corpus_hash
 
     # The checkpoint belongs to these settings on this corpus (one extended in place is another corpus).
     key = cfg.key() + corpus_hash(Path(cfg.corpus))[:12]
@@ -381,7 +376,7 @@ def train(cfg: HeadTrainConfig, work: str | Path, loaded: tuple | None = None, p
             for group in opt.param_groups:
                 group["lr"] = _lr(cfg, step)
             g = torch.Generator(device=device).manual_seed(cfg.seed + 7919 * step)
-            with _autocast(precision, device):
+            with autocast(precision, device):
                 loss, st = losses(head, embed, w_head, head_ids, w_full, b, steps, cfg.cls_weight, cfg.noise, g)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -411,15 +406,6 @@ def _corpus_model(base: str) -> str:
     if not man.exists():
         raise StudylibError(f"{base} has no manifest.json; build the corpus with `studylib draft-corpus` first.")
     return json.loads(man.read_text())["config"]["model"]
-
-
-SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "drafts"  # heads that ship with the study
-
-
-def shipped_dir(target_name: str, name: str = "eagle") -> Path:
-    from studylib.decoding.draft_train import _slug
-
-    return SHIPPED / f"{_slug(target_name)}-{name}"
 
 
 def export(result: dict, cfg: HeadTrainConfig, target, dest: Path, corpus_manifest: dict) -> dict:
@@ -481,9 +467,9 @@ def run_preset(args) -> int:
     from dataclasses import fields
 
     from studylib.cache import cache_dir
-    from studylib.decoding import draft_corpus
-    from studylib.decoding.draft_train import _slug
+    from studylib.decoding.draft_files import slug as _slug
     from studylib.decoding.eagle import eagle_dir
+    from studylib.drafting import corpus as draft_corpus
     from studylib.models import load_model
 
     t0 = time.monotonic()

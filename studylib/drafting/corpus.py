@@ -243,7 +243,7 @@ def features(model, prompt: list[int], answers: list[list[int]]) -> tuple[np.nda
 
 
 def corpus_dir(cfg: CorpusConfig, target_name: str) -> Path:
-    from studylib.decoding.draft_train import _slug
+    from studylib.decoding.draft_files import slug as _slug
 
     base = Path(cfg.out) if cfg.out else cache_dir("drafts", f"{_slug(target_name)}-corpus-{cfg.key()}")
     base.mkdir(parents=True, exist_ok=True)
