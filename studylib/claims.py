@@ -57,6 +57,7 @@ from studylib.verdict import (  # noqa: F401  (the vocabulary, re-exported: chap
     VERDICTS,
     Claim,
     Verdict,
+    corrected_confidence,  # noqa: F401  (re-exported)
 )
 
 # ----------------------------------------------------------------------------------------- the rules
@@ -157,15 +158,6 @@ def min_units(unit: str) -> int:
         return MIN_UNITS[LEGACY_UNITS.get(unit, unit)]
     except KeyError:
         raise ValueError(f"unknown unit {unit!r}; one of {sorted(MIN_UNITS)}") from None
-
-
-def corrected_confidence(k: int, alpha: float = 0.05) -> float:
-    """The confidence each CI needs when ``k`` configurations are tried for one decision and any one
-    clearing the bar would do: 1 - alpha/k (Bonferroni, the first and strictest step of Holm's
-    procedure, so the family-wise error stays <= alpha whichever configuration wins)."""
-    if k < 1:
-        raise ValueError(f"k must be at least 1, got {k}")
-    return 1.0 - alpha / k
 
 
 def _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, chapter, direction, unit,

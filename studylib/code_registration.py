@@ -133,11 +133,19 @@ def params_digest(params: Mapping[str, Any]) -> str:
     return _sha(json.dumps(clean, sort_keys=True, default=str).encode())
 
 
+# Chapters whose results another chapter reads and judges on: chapter 7 takes chapter 5's throughput at
+# saturation and latency under load (``ch07_system.serving_from_chapter5``), so the code that measured them
+# (``ch05_load``, ``ch05_runs`` ...) defines chapter 7's metrics too and is hashed with it.
+READS = {7: (5,)}
+
+
 def fingerprint(chapter: int, params: Mapping[str, Any] | None) -> dict[str, Any]:
     """The chapter's code and parameters, hashed: ``files`` (path -> sha256 of each module and kernel
-    source), ``code`` (one digest over them), ``params`` (the parameters' digest, None if not given)."""
-    notebook = notebook_for(chapter)
-    paths = [module_file(m) for m in closure(notebook_imports(notebook))] + kernel_sources() + [notebook]
+    source, the notebooks of the chapters it reads, ``READS``, included), ``code`` (one digest over them),
+    ``params`` (the parameters' digest, None if not given)."""
+    notebooks = [notebook_for(chapter)] + [notebook_for(c) for c in READS.get(int(chapter), ())]
+    roots = set().union(*(notebook_imports(nb) for nb in notebooks))
+    paths = [module_file(m) for m in closure(roots)] + kernel_sources() + notebooks
     files = {str(p.relative_to(REPO_ROOT)): _sha(p.read_bytes()) for p in paths}
     code = _sha(json.dumps(sorted(files.items())).encode())
     return {"code": code, "params": params_digest(params) if params is not None else None, "files": files}

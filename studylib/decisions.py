@@ -40,6 +40,7 @@ from studylib.verdict import (
     INCONCLUSIVE,
     MIN_UNITS,
     Verdict,
+    corrected_confidence,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -172,6 +173,21 @@ def declared(claim: str, chapter: int, path: str | Path | None = None) -> Declar
     return decls[key]
 
 
+def family_tried(claim: str, path: str | Path | None = None) -> int:
+    """How many conditions compete for ``claim`` across the whole study: the sum of every chapter's declared
+    ``tried``. A claim decided in several chapters (C3 in chapters 2 and 3, C8 in 5 and 7) holds at study
+    level where any chapter's condition clears, so all of them are one family."""
+    return sum(d.tried for d in load(path).values() if d.claim == claim)
+
+
+def level(claim: str, chapter: int, path: str | Path | None = None) -> tuple[float, int]:
+    """The level every deciding CI of ``claim`` in ``chapter`` is taken at, and the family size it corrects
+    for: Bonferroni over ``family_tried`` (the one helper every chapter asks)."""
+    declared(claim, chapter, path)  # an undeclared chapter has no level: the error names the fix
+    k = family_tried(claim, path)
+    return corrected_confidence(k), k
+
+
 def bar_origin(v: Verdict, path: str | Path | None = None) -> str | None:
     """Where row ``v``'s bar comes from, in words ("the essay's number", "the study's choice"), from the
     declaration of its claim and chapter; None where nothing declares it (a synthetic or foreign row)."""
@@ -236,9 +252,10 @@ def stamp(verdicts: Sequence[Verdict], chapter: int, path: str | Path | None = N
             if r.by_construction != v.by_construction:
                 problems.append(f"{key}: row {v.metric!r} by_construction={v.by_construction}, declared "
                                 f"{r.by_construction}")
-            if v.tried is not None and v.tried != d.tried:
+            family = family_tried(v.id, path)
+            if v.tried is not None and v.tried != family:
                 problems.append(f"{key}: row {v.metric!r} corrected for {v.tried} configurations, declared "
-                                f"{d.tried}")
+                                f"{family} across the study's chapters")
         out.append(dataclasses.replace(v, registered_in=commits.get(key, UNCOMMITTED)))
     if problems:
         raise StudylibError("rows not judged as declared in " + str(Path(path or DECLARATIONS).name) + ": "

@@ -195,3 +195,12 @@ class Verdict:
                    confidence=float(d.get("confidence", 0.95)), tried=d.get("tried"),
                    registered_in=d.get("registered_in"), exploratory=bool(d.get("exploratory", False)),
                    power=d.get("power"), ci_method=d.get("ci_method"), mc_error=d.get("mc_error"))
+
+
+def corrected_confidence(k: int, alpha: float = 0.05) -> float:
+    """The confidence each CI needs when ``k`` configurations are tried for one decision and any one
+    clearing the bar would do: 1 - alpha/k (Bonferroni, the first and strictest step of Holm's
+    procedure, so the family-wise error stays <= alpha whichever configuration wins)."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    return 1.0 - alpha / k

@@ -382,6 +382,22 @@ def test_the_claims_figure_has_one_row_per_claim_at_print_size(tmp_path):
         assert abs(im.size[0] / 110 - CLAIMS_FIGURE_IN) < 0.05  # saved at its print width
 
 
+def test_the_claims_table_shows_the_number_of_the_chapter_whose_verdict_the_study_took():
+    """C3 over chapters 2 (does not hold) and 3 (inconclusive) reads inconclusive: its "weakest part" is
+    chapter 3's, not chapter 2's failing row under an inconclusive badge."""
+    from studylib.claims import FAILS, INCONCLUSIVE, Verdict
+    from studylib.workbook.front import claims_table
+
+    def row(i, ch, role, verdict, metric, value=None, bar=None):
+        return Verdict(i, "", metric, value, None if value is None else (value * 0.9, value * 1.1), "", verdict, "",
+                       ch, n=10, threshold=bar, direction="at_least" if bar else "check", role=role)
+
+    vs = [row("C3", 2, "decision", FAILS, "d2"), row("C3", 2, "part", FAILS, "speed ch2", 0.5, 1.0),
+          row("C3", 3, "decision", INCONCLUSIVE, "d3"), row("C3", 3, "part", INCONCLUSIVE, "speed ch3", 0.97, 1.0)]
+    page = claims_table(vs, {2: "two", 3: "three"})
+    assert "speed ch3" in page and "speed ch2" not in page and "(chapter 3)" in page
+
+
 def test_the_printed_edition_keeps_text_figures_and_verdicts_and_points_at_the_data_tables():
     from studylib.workbook.book import print_edition
 

@@ -208,6 +208,18 @@ def test_latency_verdict_is_over_whole_runs_per_workload_corrected():
     assert len(decisions.stamp([holds, v], 7)) == 2  # judged as C7@7 declares it
 
 
+def test_a_workload_whose_stack_is_ar_is_not_a_latency_unit():
+    """AR timed against itself reads 1.0 whatever the machine does: it is named, never a condition; with
+    no other stack anywhere the part fails (the search found nothing faster than AR)."""
+    st = stacks_frame([15, 1.0], [14, 1.0], [16, 1.0])
+    st.loc[1, "stack"] = cc.BASELINE
+    v = report.judge_latency(st, "c", latency_runs([15, 1.0]))
+    assert v.verdict == HOLDS and "AR timed against itself: w1" in v.conditions
+    every = st.assign(stack=cc.BASELINE)
+    v = report.judge_latency(every, "c", latency_runs([1.0, 1.0]))
+    assert v.verdict == FAILS and not v.by_construction
+
+
 def test_latency_run_reads_ar_stacks_as_one_by_definition():
     from studylib.experiments import ch07_runs
 
@@ -285,82 +297,82 @@ def c8_inputs(tpot=(1.0, 0.98, 1.02), stack=(0.6, 0.5, 0.7), growth=1.8, prompts
     return spec, prefix, sparse, inter
 
 
-def c8_rows(**kw):
-    return report.judge_c8(report.c8_checks(*c8_inputs(**kw)), "c")
+def growth_runs(growth=1.8, at_long=1.6, n=5, spread=0.01):
+    from studylib.bench.whole_runs import WholeRuns
+    from studylib.experiments import ch07_runs
+
+    rng = np.random.default_rng(5)
+    return WholeRuns("t:f", {}, [{"metrics": {ch07_runs.GROWTH: growth * (1 + spread * rng.standard_normal()),
+                                              ch07_runs.GAIN_LONG: at_long * (1 + spread * rng.standard_normal())}}
+                                 for _ in range(n)])
+
+
+def c8_rows(runs=None, **kw):
+    return report.judge_c8(report.c8_checks(*c8_inputs(**kw), growth_runs=runs or growth_runs()), "c")
 
 
 def row(rows, prefix):
     return next(r for r in rows if r.metric.startswith(prefix))
 
 
-def test_c8_counts_measured_checks_only_and_is_judged_as_declared():
+def test_c8_at_7_decides_on_the_sparse_growth_over_whole_runs_and_shows_the_rest():
+    """Chapter 7's prefix and stacking readings are speed-ups over requests in one process: shown, never
+    deciding; the sparse growth decides over whole runs."""
     from studylib import decisions
 
-    checks = report.c8_checks(*c8_inputs())
-    assert len(checks) == 4 and sum(not c["measured"] for c in checks.values()) == 1
+    checks = report.c8_checks(*c8_inputs(), growth_runs=growth_runs())
+    assert len(checks) == 4 and sum(c["measured"] for c in checks.values()) == 1
+    assert {c["kind"] for c in checks.values() if c.get("shown")} == {report.C8_PREFIX, report.C8_STACK}
     rows = report.judge_c8(checks, "c")
-    assert rows[0].verdict == HOLDS and len(rows) == 1 + 3 and "not counted (models)" in rows[0].conditions
-    assert [(r.unit, r.n) for r in rows[1:]] == [("requests", 10), ("prompts", 10), ("requests", 10)]
-    assert [r.metric.split(" (")[0] for r in rows[1:]] == [report.C8_PREFIX, report.C8_SPARSE, report.C8_STACK]
+    assert rows[0].verdict == HOLDS and len(rows) == 2 and "not counted (models)" in rows[0].conditions
+    assert "shown, not deciding" in rows[0].conditions and report.C8_PREFIX in rows[0].conditions
+    assert (rows[1].unit, rows[1].n) == ("whole runs", 5) and rows[1].metric.startswith(report.C8_SPARSE)
+    assert rows[1].tried == 2 and rows[1].confidence == pytest.approx(0.975)
     spec, prefix, sparse, inter = c8_inputs()
     spec["gain"] = [0.8, 1.5]  # the model's check fails: it changes nothing
-    assert report.judge_c8(report.c8_checks(spec, prefix, sparse, inter), "c")[0].verdict == HOLDS
-    for kw in ({}, {"tpot": (1.8, 1.7, 1.9)}, {"stack": (1.4, 1.2, 1.6)}, {"growth": 1.0}, {"prompts": 3},
-               {"requests": 3}):
+    assert report.judge_c8(report.c8_checks(spec, prefix, sparse, inter, growth_runs=growth_runs()),
+                           "c")[0].verdict == HOLDS
+    # the shown rows change nothing either way
+    assert c8_rows(tpot=(1.8, 1.7, 1.9), stack=(1.4, 1.2, 1.6))[0].verdict == HOLDS
+    for kw in ({}, {"tpot": (1.8, 1.7, 1.9)}, {"stack": (1.4, 1.2, 1.6)}, {"growth": 1.0}):
         decisions.stamp(c8_rows(**kw), 7)  # raises if a row is not what C8@7 declares
+    decisions.stamp(c8_rows(runs=growth_runs(growth=1.0, at_long=0.9)), 7)
 
 
-def test_a_declared_stacking_check_with_nothing_to_compare_is_named_not_dropped():
-    """The committed chapter 7 had no stack of two techniques after settling: its C8 showed two of the three
-    declared interactions and said nothing of the third."""
-    spec, prefix, sparse, inter = c8_inputs()
-    checks = report.c8_checks(spec, prefix, sparse, inter.iloc[0:0])
-    gone = [k for k, v in checks.items() if v.get("kind") == "unmeasured"]
-    assert len(gone) == 1 and gone[0].startswith(report.C8_STACK) and "not measured" in gone[0]
-    rows = report.judge_c8(checks, "c")
-    assert len(rows) == 1 + 2 and f"declared but {report.C8_STACK}: not measured" in rows[0].conditions
-    assert f"- {report.C8_STACK}: not measured" in report.checks_text(checks)
-
-
-def test_prefix_check_is_an_equivalence_test_on_tpot():
-    fast = c8_rows(tpot=(1.8, 1.7, 1.9))  # the old rule (TTFT CI above TPOT CI) passed this
-    assert row(fast, report.C8_PREFIX).verdict == FAILS and fast[0].verdict == CONDITIONAL
-    checks = report.c8_checks(*c8_inputs(tpot=(1.8, 1.7, 1.9)))
-    assert "also shortened TPOT" in report.checks_text(checks)
-    assert row(c8_rows(tpot=(1.0, 0.98, 1.02)), report.C8_PREFIX).verdict == HOLDS
-    # a CI across the band's edge is neither equivalent nor different: inconclusive, not "does not hold"
-    straddles = row(c8_rows(tpot=(1.0, 0.85, 1.15)), report.C8_PREFIX)
-    assert straddles.verdict == INCONCLUSIVE
-    # its unmet check is undecided, so the row's words must not say it failed
-    assert "fails: " not in straddles.conditions and "not shown: " in straddles.conditions
-    assert row(c8_rows(tpot=(0.8, 0.7, 0.85)), report.C8_PREFIX).verdict == FAILS  # wholly outside the band
-
-
-def test_stacking_check_is_one_sided():
-    above = c8_rows(stack=(1.4, 1.2, 1.6))  # stack beats the product: the old two-sided rule passed it
-    assert row(above, report.C8_STACK).verdict == FAILS
-    assert row(c8_rows(stack=(0.95, 0.8, 1.1)), report.C8_STACK).verdict == FAILS
-    assert row(c8_rows(stack=(0.6, 0.5, 0.7)), report.C8_STACK).verdict == HOLDS
-
-
-def test_sparse_check_reads_the_per_prompt_growth():
-    assert row(c8_rows(growth=1.8), report.C8_SPARSE).verdict == HOLDS
-    assert row(c8_rows(growth=1.0), report.C8_SPARSE).verdict == FAILS
-    # a loss that shrinks (0.45x -> 0.81x) grows, but is no gain at the long context
-    spec, prefix, sparse, inter = c8_inputs(growth=1.8)
-    sparse["speedup"] = sparse["speedup"] / 2
-    shrinking_loss = report.judge_c8(report.c8_checks(spec, prefix, sparse, inter), "c")
-    assert row(shrinking_loss, report.C8_SPARSE).verdict == FAILS
+def test_sparse_growth_is_judged_over_whole_runs():
+    assert row(c8_rows(), report.C8_SPARSE).verdict == HOLDS
+    assert row(c8_rows(runs=growth_runs(growth=0.9)), report.C8_SPARSE).verdict == FAILS
+    # a loss that shrinks grows, but is no gain at the long context
+    assert row(c8_rows(runs=growth_runs(growth=1.8, at_long=0.8)), report.C8_SPARSE).verdict == FAILS
+    # fewer than 5 whole runs decide nothing, whichever way they went
+    assert row(c8_rows(runs=growth_runs(n=3)), report.C8_SPARSE).verdict == INCONCLUSIVE
+    assert row(c8_rows(runs=growth_runs(growth=0.9, n=3)), report.C8_SPARSE).verdict == INCONCLUSIVE
+    # without whole runs the in-process reading counts no units
+    no_runs = report.judge_c8(report.c8_checks(*c8_inputs()), "c")
+    assert row(no_runs, report.C8_SPARSE).verdict == INCONCLUSIVE and "no whole runs" in no_runs[1].metric
     g = sys7.sparse_growth(c8_inputs(growth=1.8)[2])
     assert g["n"] == 10 and g["ci_low"] > 1 and (g["shortest"], g["longest"]) == (256, 2048)
 
 
-def test_below_the_minimum_n_every_check_is_inconclusive():
-    for kw in ({}, {"tpot": (1.8, 1.7, 1.9), "stack": (1.4, 1.2, 1.6), "growth": 1.0}):
-        few = c8_rows(prompts=3, requests=3, **kw)
-        assert all(r.verdict == INCONCLUSIVE for r in few), [(r.metric, r.verdict) for r in few]
-    with pytest.raises(StudylibError):
-        report.judge_c8({}, "c")
+def test_a_declared_stacking_check_with_nothing_to_compare_is_named_not_dropped():
+    spec, prefix, sparse, inter = c8_inputs()
+    checks = report.c8_checks(spec, prefix, sparse, inter.iloc[0:0], growth_runs=growth_runs())
+    gone = [k for k, v in checks.items() if v.get("kind") == "unmeasured"]
+    assert len(gone) == 1 and gone[0].startswith(report.C8_STACK) and "not measured" in gone[0]
+    rows = report.judge_c8(checks, "c")
+    assert f"{report.C8_STACK}: not measured" in rows[0].conditions
+    assert f"- {report.C8_STACK}: not measured" in report.checks_text(checks)
+
+
+def test_the_shown_prefix_reading_uses_the_one_declared_band():
+    from studylib.experiments.ch05_interplay import EQUIVALENCE_DELTA
+
+    checks = report.c8_checks(*c8_inputs(tpot=(1.0, 0.93, 1.07)), growth_runs=growth_runs())
+    prefix = next(v for v in checks.values() if v["kind"] == report.C8_PREFIX)
+    assert prefix["delta"] == EQUIVALENCE_DELTA and prefix["passed"]
+    checks = report.c8_checks(*c8_inputs(tpot=(1.8, 1.7, 1.9)), growth_runs=growth_runs())
+    assert "also shortened TPOT" in report.checks_text(checks)
+    assert "shown, not deciding" in report.checks_text(checks)
 
 
 def test_interaction_ci_widens_with_the_corrected_confidence():
@@ -509,3 +521,13 @@ def _refuse_distilled(resolve):
         assert spec != "distilled", "auto asked for the distilled draft"
         return resolve(spec, model, *a, **k)
     return wrapped
+
+
+def test_a_whole_run_measures_the_sparse_growth_in_its_own_process():
+    from studylib.experiments import ch07_runs
+
+    out = ch07_runs.latency_run("tiny-random", "dense", "fp32", {"chat": []}, 2, 4, 64, 1, 2, 1500, 0, "auto", None,
+                                4, 8, 3, "lookahead:2,4,2", "sinks:4,28", sparse_contexts=[48, 32, 96],
+                                sparse_steps=2, sparse_prompts=2)
+    assert set(out) == {"latency:chat", ch07_runs.GROWTH, ch07_runs.GAIN_LONG}
+    assert out["latency:chat"] == 1.0 and all(out[k] > 0 for k in (ch07_runs.GROWTH, ch07_runs.GAIN_LONG))

@@ -266,3 +266,20 @@ def test_judge_c4_rows_are_judged_as_declared():
 
     for tc in (_tc({MT: 0.99}), _tc({MT: 0.6, FS: 0.99}), _tc({MT: 1.0}, traces=4), None):
         stamp(ch04.judge_c4(_summary(), _curve(0.99), None, "c", tc), 4)  # raises on an undeclared row
+
+
+def test_traces_where_eviction_costs_no_hit_are_not_units():
+    """A trace where neither policy loses a hit reads LRU = Belady by construction: it is left out of the
+    condition's units, so twelve such traces beside two real ones leave two units (too few to decide)."""
+    import pandas as pd
+
+    from studylib.experiments import ch04_prefix_cache as ch04
+
+    rows = [{"condition": "c", "trace": t, "optimal hit tokens": 100, "Belady hit tokens": 100,
+             "LRU hit tokens": 100} for t in range(12)]
+    rows += [{"condition": "c", "trace": 12 + t, "optimal hit tokens": 100, "Belady hit tokens": 80,
+              "LRU hit tokens": 40 + 10 * t} for t in range(2)]
+    est, idle = ch04.eviction_estimates(pd.DataFrame(rows), 0.95)
+    assert not idle and est["c"]["n"] == 2 and est["c"]["value"] == pytest.approx(90 / 160)
+    est, idle = ch04.eviction_estimates(pd.DataFrame(rows[:12]), 0.95)
+    assert idle == ["c"] and not est

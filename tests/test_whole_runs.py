@@ -415,3 +415,26 @@ def test_rows_of_one_session_add_no_degrees_of_freedom_to_the_drift():
         for i, c in enumerate("abc", 1)]
     est = sd.estimate_from_ledger(lines, as_of="2026-12-31")
     assert est[sd.VS_MACHINE]["df"] == 2
+
+
+def test_a_corrected_level_takes_enough_resamples_for_its_tail():
+    from studylib.bench.stats import bca_bounds, resamples_for
+
+    assert resamples_for(0.95) == 10_000 and resamples_for(0.9975) >= 80_000
+    # a bound asked of fewer than MIN_TAIL resamples is unresolved: its error is the interval's width
+    x = np.random.default_rng(1).standard_normal(12)
+    boots = np.array([np.median(np.random.default_rng(i).choice(x, x.size)) for i in range(400)])
+    jack = np.array([np.median(np.delete(x, i)) for i in range(x.size)])
+    lo, hi, mc = bca_bounds(float(np.median(x)), boots, jack, 0.9975)
+    assert mc >= hi - lo
+    lo, hi, mc = bca_bounds(float(np.median(x)), boots, jack, 0.80)
+    assert mc < hi - lo
+
+
+def test_a_chapter_that_judges_on_another_chapters_results_hashes_that_chapters_code():
+    """Chapter 7 judges C7 on chapter 5's throughput and latency under load: ch05_load defines its metric."""
+    from studylib.code_registration import fingerprint
+
+    seven = fingerprint(7, None)["files"]
+    assert "studylib/experiments/ch05_load.py" in seven and "notebooks/05_dynamic_batching.ipynb" in seven
+    assert "studylib/experiments/ch07_report.py" not in fingerprint(5, None)["files"]

@@ -153,7 +153,7 @@ def test_parsers():
 def test_save_chapter_and_provenance_outside_a_notebook(tmp_path, capsys):
     import numpy as np
 
-    from studylib.bench.stats import Estimate
+    from studylib.bench.stats import BCA, Estimate
     from studylib.claims import judge_at_least
 
     v = judge_at_least("C2", "fraction", Estimate(0.7, 0.6, 0.8, 3, [0.6, 0.7, 0.8]), 0.5, ">=0.5", "", 1)
@@ -161,7 +161,7 @@ def test_save_chapter_and_provenance_outside_a_notebook(tmp_path, capsys):
                                       "x": np.float32(2.5), "nan": float("nan")}, tmp_path, declarations=None)
     data = json.loads(path.read_text())
     assert data["measurements"] == {"e": {"value": 1.0, "ci_low": 1.0, "ci_high": 1.0, "n": 1, "samples": [1.0],
-                                          "confidence": 0.95, "method": "BCa bootstrap, 10,000 resamples",
+                                          "confidence": 0.95, "method": BCA,
                                           "mc_error": 0.0},
                                     "a": [0, 1, 2], "x": 2.5, "nan": None}
     # every record names the code that measured it (studylib.code_registration)

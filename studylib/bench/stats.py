@@ -34,7 +34,19 @@ from studylib.verdict import RUN_CI
 
 N_RESAMPLES = 10_000
 MC_BATCHES = 20
-BCA = "BCa bootstrap, 10,000 resamples"
+# Resamples beyond each nominal bound: a corrected level (99.75% for 20 conditions) puts its bound at the
+# 0.125% quantile, which 10,000 resamples hold 12 of; the count grows with the level so each tail holds
+# at least this many, and a BCa-adjusted quantile that still falls below MIN_TAIL resamples leaves its
+# bound unresolved (its Monte Carlo error is then the interval's width, so it decides nothing).
+TAIL_RESAMPLES = 100
+MIN_TAIL = 10
+BCA = "BCa bootstrap, >= 10,000 resamples (100 beyond each bound)"
+
+
+def resamples_for(confidence: float) -> int:
+    """How many bootstrap resamples a CI at ``confidence`` takes: 10,000, or more where the level puts fewer
+    than ``TAIL_RESAMPLES`` of them beyond a bound."""
+    return max(N_RESAMPLES, math.ceil(TAIL_RESAMPLES / ((1 - confidence) / 2) - 1e-9))
 RUN_T = RUN_CI
 
 
@@ -83,16 +95,19 @@ def bca_bounds(theta: float, boots: np.ndarray, jackknife: np.ndarray, confidenc
     z = ndtri(np.array([(1 - confidence) / 2, (1 + confidence) / 2]))
     levels = ndtr(z0 + (z0 + z) / (1 - a * (z0 + z)))
     lo, hi = np.quantile(boots, levels)
+    resolved = min(levels[0], 1 - levels[1]) * b >= MIN_TAIL
     usable = b - b % MC_BATCHES
     per_batch = np.quantile(boots[:usable].reshape(MC_BATCHES, -1), levels, axis=1)  # (2, batches)
     mc = float(per_batch.std(axis=1, ddof=1).max() / np.sqrt(MC_BATCHES))
+    if not resolved:
+        mc = max(mc, float(hi - lo))
     return float(lo), float(hi), mc
 
 
 def _bca_of(data: np.ndarray, statistic: Callable, confidence: float, seed: int) -> tuple[float, float, float]:
     n = data.size
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(N_RESAMPLES, n))
+    idx = rng.integers(0, n, size=(resamples_for(confidence), n))
     boots = np.apply_along_axis(statistic, 1, data[idx]) if statistic not in _VECTOR else statistic(data[idx], axis=1)
     jack = np.array([statistic(np.delete(data, i)) for i in range(n)])
     return bca_bounds(float(statistic(data)), boots, jack, confidence)
@@ -167,7 +182,7 @@ def ratio_estimate(baseline: Sequence[float], treated: Sequence[float], seed: in
     if np.all(b / t == (b / t)[0]) and np.all(b == b[0]):
         return Estimate(point, point, point, int(b.size), (b / t).tolist(), confidence=confidence)
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, b.size, size=(N_RESAMPLES, b.size))
+    idx = rng.integers(0, b.size, size=(resamples_for(confidence), b.size))
     boots = np.median(b[idx], axis=1) / np.median(t[idx], axis=1)
     keep = np.ones(b.size, dtype=bool)
     jack = []
@@ -180,12 +195,13 @@ def ratio_estimate(baseline: Sequence[float], treated: Sequence[float], seed: in
 
 
 def ratio_of_sums_bounds(num: Sequence[float], den: Sequence[float], confidence: float = 0.95, seed: int = 0,
-                         resamples: int = N_RESAMPLES) -> tuple[float, float, float]:
+                         resamples: int | None = None) -> tuple[float, float, float]:
     """The BCa interval of sum(num) / sum(den) over paired units (both resampled together; a resample whose
     denominator is 0 has no ratio and is dropped), with its Monte Carlo error: (low, high, error). The
     caller handles fewer than 2 units and a zero total."""
     a, b = np.asarray(num, float), np.asarray(den, float)
     point = float(a.sum() / b.sum())
+    resamples = resamples_for(confidence) if resamples is None else resamples
     idx = np.random.default_rng(seed).integers(0, a.size, size=(resamples, a.size))
     top, bottom = a[idx].sum(axis=1), b[idx].sum(axis=1)
     boots = top[bottom > 0] / bottom[bottom > 0]

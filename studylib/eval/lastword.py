@@ -191,12 +191,12 @@ class TaskRatio:
 
 
 def paired_ratio(ref: Sequence[np.ndarray], arm: Sequence[np.ndarray], confidence: float = 0.95,
-                 n_boot: int = 10_000, seed: int = 0, bar_change: float = 0.01,
+                 n_boot: int | None = None, seed: int = 0, bar_change: float = 0.01,
                  chance: float = float("nan")) -> TaskRatio:
     """sum(arm correct) / sum(ref correct) over all documents, ``ref[d]`` and ``arm[d]`` being the
     paired item arrays of document d.
 
-    The CI is a two-sided BCa bootstrap at ``confidence`` (10,000 resamples, with the Monte Carlo error
+    The CI is a two-sided BCa bootstrap at ``confidence`` (at least 10,000 resamples, more at corrected levels, with the Monte Carlo error
     of its bounds) that resamples documents (clusters), not items: a loss concentrated in a few documents is less certain than one spread evenly, and an
     item bootstrap would not see that. With under 2 documents there is no CI (NaN). When no item
     differs the CI is (value, value): the arm is the reference on this task.
@@ -248,7 +248,7 @@ def as_estimate(tr: TaskRatio) -> Estimate:
     """The ratio as a ``studylib.bench.stats.Estimate``, for ``studylib.claims.judge_at_least``
     (unit "documents"); ``samples`` are the per-document ratios (NaN where undefined)."""
     return Estimate(tr.value, tr.ci_low, tr.ci_high, tr.n, list(tr.samples), confidence=tr.confidence,
-                    method="BCa bootstrap over documents, 10,000 resamples", mc_error=tr.mc_error)
+                    method="BCa bootstrap over documents, >= 10,000 resamples (100 beyond each bound)", mc_error=tr.mc_error)
 
 
 def power_fields(tr: TaskRatio) -> dict:

@@ -393,11 +393,9 @@ def speed_over_runs(runs, temperature: float, workloads=None, confidence: float 
 def c3_confidence() -> tuple[float, int]:
     """The level of every C3 CI in this chapter and how many conditions it is corrected for: Bonferroni
     over the workloads C3@2 declares, since any one clearing would carry a part."""
-    from studylib.claims import corrected_confidence
-    from studylib.decisions import declared
+    from studylib.decisions import level
 
-    k = declared("C3", CHAPTER).tried
-    return corrected_confidence(k), k
+    return level("C3", CHAPTER)
 
 
 def c3_verdicts(by_workload: pd.DataFrame, headline: str, sampling: pd.DataFrame | None,

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from studylib.bench.stats import N_RESAMPLES, Estimate, ratio_estimate, ratio_of_sums_bounds
+from studylib.bench.stats import Estimate, ratio_estimate, ratio_of_sums_bounds
 from studylib.decoding import ar
 from studylib.decoding.common import eos_set
 from studylib.kvcache.belady import Trace
@@ -156,7 +156,7 @@ def ttft_tpot_frame(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def ratio_of_sums(num: Sequence[float], den: Sequence[float], *, seed: int = 0, confidence: float = 0.95,
-                  resamples: int = N_RESAMPLES) -> Estimate:
+                  resamples: int | None = None) -> Estimate:
     """sum(num) / sum(den) over paired per-request values, with a BCa bootstrap CI that resamples
     requests (both arms together) and its Monte Carlo error. Resamples whose denominator is 0 are dropped. The trace is fixed
     (the replay is deterministic), so the CI says how much the ratio depends on which requests ran."""
@@ -260,21 +260,24 @@ TRACE_CI = "BCa bootstrap over seeded traces (each a cluster of requests)"
 
 def eviction_confidence() -> float:
     """The level of every eviction CI: Bonferroni over the conditions C4@4 declares."""
-    from studylib.claims import corrected_confidence
-    from studylib.decisions import declared
+    from studylib.decisions import level
 
-    return corrected_confidence(declared("C4", CHAPTER).tried)
+    return level("C4", CHAPTER)[0]
 
 
 def eviction_estimates(tc: pd.DataFrame, confidence: float) -> tuple[dict, list[str]]:
-    """Per condition, LRU hit tokens / Belady hit tokens summed over traces, with a BCa CI that resamples
-    whole traces (``ratio_of_sums`` on per-trace sums) at ``confidence``. Conditions where eviction costs
+    """Per condition, LRU hit tokens / Belady hit tokens summed over the traces where eviction cost a hit,
+    with a BCa CI that resamples those whole traces (``ratio_of_sums`` on per-trace sums) at ``confidence``. Conditions where eviction costs
     no trace a hit under either policy are returned apart (``idle``): there the ratio is 1 by construction
     and tests no eviction policy."""
     est, idle = {}, []
     for cond, g in tc.groupby("condition", sort=False):
         opt = g["optimal hit tokens"]
-        if not ((g["Belady hit tokens"] < opt) | (g["LRU hit tokens"] < opt)).any():
+        # Only traces where eviction cost a hit under either policy are units: on the others LRU and
+        # Belady keep every hit alike, a ratio of 1 by construction that would pull the estimate to 1 and
+        # narrow its CI. A condition with fewer such traces than the minimum cannot clear its bar.
+        g = g[(g["Belady hit tokens"] < opt) | (g["LRU hit tokens"] < opt)]
+        if not len(g):
             idle.append(cond)
             continue
         e = ratio_of_sums(g["LRU hit tokens"], g["Belady hit tokens"], confidence=confidence)
@@ -293,6 +296,9 @@ def trace_table(tc: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
         e = est.get(cond)
         rows.append({"condition": cond, "traces": g.trace.nunique(),
                      "pool blocks": _span(g["pool blocks"], ".0f"),
+                     # the named fraction is the target; a pool is never below the trace's largest request, so
+                     # the fraction actually used can be higher (the condition keeps its declared name)
+                     "pool / working set, as run": _span(g["pool blocks"] / g["working set blocks"], ".2f"),
                      "traces where eviction costs a hit": int(((g["Belady hit tokens"] < opt)
                                                                | (g["LRU hit tokens"] < opt)).sum()),
                      "LRU / Belady": e["value"] if e else 1.0,
@@ -467,11 +473,10 @@ def judge_c4(summary: pd.DataFrame, curve: pd.DataFrame, det: pd.DataFrame, cond
 
     The TTFT gain is reported beside it, not judged: the source claims hits, not a TTFT figure."""
     from studylib.claims import decide_parts, judge_at_least, judge_checks
-    from studylib.decisions import declared, exploratory, undeclared
+    from studylib.decisions import exploratory, level, undeclared
 
     claimed = "hits 'inevitable rather than accidental'"
-    k = declared("C4", CHAPTER).tried
-    confidence = eviction_confidence()
+    confidence, k = level("C4", CHAPTER)
     tc = tc if tc is not None else pd.DataFrame(columns=["condition", "trace"])
     est, idle = eviction_estimates(tc, confidence) if len(tc) else ({}, [])
     n_traces = int(tc["trace"].nunique()) if len(tc) else 0

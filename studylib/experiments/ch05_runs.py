@@ -118,8 +118,13 @@ def judge_c8(runs, conditions: str, delta: float = EQUIVALENCE_DELTA) -> list[Ve
     - **does not hold**: the TTFT gain's CI lies below 1 + delta, OR the TPOT gain's CI lies wholly outside
       the band (the cache changes decoding too: an interaction with batching, or a cost);
     - **inconclusive** (neither): any CI straddles its bound, or there are fewer than 5 runs."""
-    ttft = runs.estimate("ttft_gain:continuous") if "ttft_gain:continuous" in runs.metrics() else None
-    tpot = runs.estimate("tpot_gain:continuous") if "tpot_gain:continuous" in runs.metrics() else None
+    from studylib.claims import ci_level
+    from studylib.decisions import level
+
+    # C8's family is its conditions in chapters 5 and 7 together: either clearing carries the study's line
+    confidence, k = level("C8", CHAPTER)
+    ttft = runs.estimate("ttft_gain:continuous", confidence) if "ttft_gain:continuous" in runs.metrics() else None
+    tpot = runs.estimate("tpot_gain:continuous", confidence) if "tpot_gain:continuous" in runs.metrics() else None
     band = (1 - delta, 1 + delta)
     t_state = _state(ttft, 1 + delta, math.inf)
     p_state = _state(tpot, *band)
@@ -140,11 +145,13 @@ def judge_c8(runs, conditions: str, delta: float = EQUIVALENCE_DELTA) -> list[Ve
     n = min(e.n for e in (ttft, tpot) if e is not None) if ttft is not None and tpot is not None else 0
     nums = f"continuous batching at saturation: TTFT gain {cell(ttft)}, TPOT gain {cell(tpot)}, n={n} whole runs"
     note = (f"{conditions}; delta = {delta:g} (the study's choice); band [{band[0]:.2f}, {band[1]:.2f}]; {why}; "
-            "95% CIs over whole runs (t on the log of the per-run gains)")
+            f"{ci_level(confidence)} CIs over whole runs (t on the log of the per-run gains), Bonferroni over C8's "
+            f"{k} declared conditions in chapters 5 and 7")
     row = Verdict("C8", "", f"{TTFT_NOT_TPOT} ({nums})", tpot.value if tpot is not None else None,
                   (tpot.ci_low, tpot.ci_high) if tpot is not None else None,
                   "caching helps TTFT, not TPOT: the gain is local", verdict, note, CHAPTER, n=n or None,
-                  direction="check", unit="whole runs", ci_method=tpot.method if tpot is not None else None)
+                  direction="check", unit="whole runs", ci_method=tpot.method if tpot is not None else None,
+                  confidence=confidence, tried=k)
     return decide_parts("C8", "measured interaction of the prefix cache with batching", [row],
                         "local accelerations do not compose", conditions, CHAPTER)
 
@@ -154,12 +161,17 @@ def c8_text(runs, delta: float = EQUIVALENCE_DELTA) -> str:
     same numbers the C8 row judges."""
     if "ttft_gain:continuous" not in runs.metrics():
         return "The whole runs did not serve both continuous arms, so the cache's effect on TTFT and TPOT is not measured."
-    ttft, tpot = runs.estimate("ttft_gain:continuous"), runs.estimate("tpot_gain:continuous")
+    from studylib.claims import ci_level
+    from studylib.decisions import level
+
+    confidence = level("C8", CHAPTER)[0]  # the level the C8 row judges at
+    ttft = runs.estimate("ttft_gain:continuous", confidence)
+    tpot = runs.estimate("tpot_gain:continuous", confidence)
     band = (1 - delta, 1 + delta)
     head = (f"Over {ttft.n} whole runs at saturation under continuous batching, the radix prefix cache's gain "
             f"(median without / median with the cache, per run) is {ttft.value:.2f}x [{ttft.ci_low:.2f}, "
             f"{ttft.ci_high:.2f}] on TTFT and {tpot.value:.2f}x [{tpot.ci_low:.2f}, {tpot.ci_high:.2f}] on TPOT "
-            f"(95% CIs over runs). ")
+            f"({ci_level(confidence)} CIs over runs). ")
     p = _state(tpot, *band)
     if p == "inside":
         tail = f"TPOT is unchanged within the equivalence band [{band[0]:.2f}, {band[1]:.2f}]"

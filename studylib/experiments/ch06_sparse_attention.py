@@ -393,11 +393,9 @@ def exponent_estimate(cost: pd.DataFrame, pattern: str, backend: str = "torch"):
 def c6_confidence() -> tuple[float, int]:
     """The CI level of every C6 row and the number of configurations it corrects for: the configurations
     declared for C6 in ``decisions.yaml`` (frozen before the run), Bonferroni-corrected."""
-    from studylib.claims import corrected_confidence
-    from studylib.decisions import declared
+    from studylib.decisions import level
 
-    k = declared("C6", CHAPTER).tried
-    return corrected_confidence(k), k
+    return level("C6", CHAPTER)
 
 
 def judge_c6(summary: pd.DataFrame, conditions: str, n_tokens: int, runs=None) -> list[Verdict]:

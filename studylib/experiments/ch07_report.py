@@ -30,7 +30,7 @@ from studylib.claims import (
 )
 from studylib.errors import StudylibError
 from studylib.experiments import ch07_combined as cc
-from studylib.experiments.ch05_interplay import PAIRED_EQUIVALENCE_DELTA, band_state, ttft_not_tpot
+from studylib.experiments.ch05_interplay import EQUIVALENCE_DELTA, band_state, ttft_not_tpot
 from studylib.experiments.ch07_quality import QUALITY_BAR
 from studylib.experiments.ch07_stack import StackPlan, stack_arm_name
 from studylib.models import arithmetic
@@ -228,11 +228,9 @@ def confirm_stacks(model, tokenizer, workloads: Mapping[str, cc.NamedWorkload], 
 def latency_confidence() -> tuple[float, int]:
     """The level of C7's latency CIs and how many workloads they are corrected for (Bonferroni over the
     workloads C7@7 declares: the part holds where any one workload's CI clears the bar)."""
-    from studylib.claims import corrected_confidence
-    from studylib.decisions import declared
+    from studylib.decisions import level
 
-    k = declared("C7", cc.CHAPTER).tried
-    return corrected_confidence(k), k
+    return level("C7", cc.CHAPTER)
 
 
 def judge_latency(stacks: pd.DataFrame, conditions: str, runs=None) -> Verdict:
@@ -249,13 +247,23 @@ def judge_latency(stacks: pd.DataFrame, conditions: str, runs=None) -> Verdict:
         return judge_at_least("C7", "e2e latency reduction, chosen stack vs AR (x), confirmation run", est,
                               LATENCY_BAR, ">10x", conditions, cc.CHAPTER, unit="whole runs")
     confidence, k = latency_confidence()
-    est = latency_over_runs(runs, list(stacks.workload), confidence)
+    # A workload whose settled stack is AR itself times AR against AR: its ratio is 1 by construction, so
+    # it is named and never counted among the conditions (the family stays the k declared workloads).
+    same = [r.workload for r in stacks.itertuples() if r.stack == cc.BASELINE]
+    real = [w for w in stacks.workload if w not in same]
+    left = f"not counted, AR timed against itself: {', '.join(same)}" if same else ""
     note = (f"{len(runs.runs)} whole runs (fresh processes, engine and drafter reloaded) of each settled stack "
             f"against AR on the confirmation requests; each CI at {confidence:.2%}, Bonferroni over the {k} "
-            "declared workloads; a workload whose stack is AR itself reads 1.0 by definition")
-    return judge_at_least("C7", "e2e latency reduction, chosen stack vs AR (x), over whole runs", est, LATENCY_BAR,
-                          ">10x", "; ".join((conditions, note, beside)), cc.CHAPTER, unit="whole runs",
-                          confidence=confidence, tried=k)
+            "declared workloads")
+    metric = "e2e latency reduction, chosen stack vs AR (x), over whole runs"
+    if not real:  # the search found no stack faster than AR anywhere: no reduction at all, a finding
+        return judge_checks("C7", metric + ": no workload settled on a stack other than AR",
+                            {"a stack other than AR settled on some workload": False}, ">10x",
+                            "; ".join((conditions, left, beside)), cc.CHAPTER, role="part")
+    est = latency_over_runs(runs, real, confidence)
+    return judge_at_least("C7", metric, est, LATENCY_BAR, ">10x",
+                          "; ".join(x for x in (conditions, note, left, beside) if x), cc.CHAPTER,
+                          unit="whole runs", confidence=confidence, tried=k)
 
 
 def judge_quality(stacks: pd.DataFrame, conditions: str) -> list[Verdict]:
@@ -346,38 +354,37 @@ def _ci(value, low, high) -> str:
 def c8_confidence() -> float:
     """The level of every CI C8@7's checks compare: Bonferroni over the interactions it declares (each a
     condition that could carry the decision on its own)."""
-    from studylib.claims import corrected_confidence
-    from studylib.decisions import declared
+    from studylib.decisions import level
 
-    return corrected_confidence(declared("C8", cc.CHAPTER).tried)
+    return level("C8", cc.CHAPTER)[0]
 
 
 def c8_checks(spec_gain: pd.DataFrame, prefix: pd.Series | None, sparse: pd.DataFrame,
-              interactions: pd.DataFrame, delta: float = PAIRED_EQUIVALENCE_DELTA,
-              confidence: float = 0.95) -> dict[str, dict]:
+              interactions: pd.DataFrame, delta: float = EQUIVALENCE_DELTA,
+              confidence: float | None = None, growth_runs=None) -> dict[str, dict]:
     """The interaction checks, each named with the numbers that decide it, its unit and n, and whether
     it is measured. Each entry: ``passed`` (the rule), ``checks`` (the named conditions behind it),
     ``measured``, ``kind`` (``C8_PREFIX``/``C8_SPARSE``/``C8_STACK``, or "model"), ``n``, ``unit``,
     ``estimate`` (the number the verdict table shows).
 
     - speculative gain vs batch: a MODEL (measured step costs x measured alpha), shown, never counted;
-    - prefix cache helps TTFT, not TPOT (requests): the TTFT gain's CI lies at or above 1 + delta AND
-      the TPOT gain's CI lies inside [1 - delta, 1 + delta] (chapter 5's equivalence rule,
-      ``ch05_interplay.ttft_not_tpot``, delta = ``PAIRED_EQUIVALENCE_DELTA``: a CI over requests paired in
-      one run carries no between-session drift, so the band is chapter 5's narrower one);
-    - sparse attention gain grows with context (prompts): per prompt, the decode-step speed-up of the
-      sparse pattern over dense at the longest context divided by the one at the shortest (paired by
-      prompt, ``ch07_system.sparse_growth``); passes iff the CI of that ratio lies above 1 AND the CI of the
-      speed-up at the longest context lies above 1 (a loss that shrinks is no gain that grows). ``sparse`` is
-      ``sparse_vs_context``'s per-(prompt, context) frame;
-    - stacked gains fall short of the product of their parts (requests): one-sided, passes iff on at
-      least one workload with enough requests the CI of stack / product of parts lies wholly below 1;
-      ``interactions`` carries CIs corrected for the number of workloads tried
-      (``interaction_frame``).
+    - prefix cache helps TTFT, not TPOT (requests, SHOWN, never deciding): the TTFT gain's CI at or above
+      1 + delta AND the TPOT gain's CI inside [1 - delta, 1 + delta] (chapter 5's rule and its one declared
+      band, ``EQUIVALENCE_DELTA``). Its requests share one cache inside one process, so it cannot decide a
+      speed-up; chapter 5 decides this interaction over whole runs (C8@5);
+    - sparse attention gain grows with context (whole runs, DECIDING): with ``growth_runs`` (the latency
+      whole runs, ``ch07_runs.sparse_growth_run``), per run the median over its texts of (speed-up at the
+      longest context / at the shortest); passes iff the CI over runs of that ratio lies above 1 AND the CI
+      of the speed-up at the longest context lies above 1 (a loss that shrinks is no gain that grows), each
+      bound clear of 1 by its Monte Carlo error. The in-process per-prompt reading (``sparse``,
+      ``ch07_system.sparse_growth``) is shown beside it; without runs the row counts no whole runs;
+    - stacked gains fall short of the product of their parts (requests, SHOWN, never deciding): a speed-up
+      ratio over requests in one run; ``interactions`` carries CIs corrected for the workloads tried.
     """
     from studylib.claims import min_units
     from studylib.experiments.ch07_system import sparse_growth
 
+    confidence = c8_confidence() if confidence is None else confidence  # C8's family level by default
     checks: dict[str, dict] = {}
     if len(spec_gain) >= 2:
         a, b = spec_gain.iloc[0], spec_gain.iloc[-1]
@@ -395,7 +402,8 @@ def c8_checks(spec_gain: pd.DataFrame, prefix: pd.Series | None, sparse: pd.Data
         neither = not all(rule["not_tpot"].values()) and not wrong
         checks[f"{C8_PREFIX} ({prefix.workload}: TTFT gain {_ci(*ttft[:3])}, TPOT gain {_ci(*tpot[:3])}, "
                f"{ci_level(confidence)} CIs, n={int(prefix.requests)} requests; delta = {delta:g})"] = {
-            "passed": all(rule["not_tpot"].values()), "checks": rule["not_tpot"], "measured": True, "kind": C8_PREFIX,
+            "passed": all(rule["not_tpot"].values()), "checks": rule["not_tpot"], "measured": False, "kind": C8_PREFIX,
+            "shown": True,
             "n": int(prefix.requests), "unit": "requests", "estimate": _est(*tpot), "confidence": confidence,
             "tpot_too": all(rule["tpot_too"].values()), "delta": delta, "neither": neither}
     growth = sparse_growth(sparse, confidence=confidence) if len(sparse) and "prompt" in sparse else None
@@ -404,14 +412,27 @@ def c8_checks(spec_gain: pd.DataFrame, prefix: pd.Series | None, sparse: pd.Data
         # a gain that grows from 0.5x to 0.8x is a loss that shrinks: the claim needs a gain at the long context
         at_long = f"CI of the speed-up at {growth['longest']} tokens above 1"
         gain_low = growth.get("gain_longest_low", float("nan"))
-        sub = {name: bool(growth["ci_low"] > 1), at_long: bool(gain_low > 1)}
-        passed = all(sub.values())
-        checks[f"{C8_SPARSE} (per prompt, decode speed-up at {growth['longest']} tokens / at {growth['shortest']}: "
-               f"{_ci(growth['value'], growth['ci_low'], growth['ci_high'])}, {ci_level(confidence)} CI, "
-               f"n={growth['n']} prompts; "
-               f"median speed-ups {growth['gain_shortest']:.2f}x -> {growth['gain_longest']:.2f}x)"] = {
-            "passed": passed, "checks": sub, "measured": True, "kind": C8_SPARSE, "n": int(growth["n"]),
-            "unit": "prompts", "confidence": confidence, "estimate": _est(growth["value"], growth["ci_low"], growth["ci_high"], growth["n"])}
+        in_run = (f"in one process, per prompt: {_ci(growth['value'], growth['ci_low'], growth['ci_high'])}, "
+                  f"n={growth['n']} prompts, median speed-ups {growth['gain_shortest']:.2f}x -> "
+                  f"{growth['gain_longest']:.2f}x, shown")
+        from studylib.experiments.ch07_runs import GAIN_LONG, GROWTH
+
+        g = growth_runs.get(GROWTH, confidence) if growth_runs is not None else None
+        at = growth_runs.get(GAIN_LONG, confidence) if growth_runs is not None else None
+        if g is not None and at is not None:
+            sub = {name: bool(g.ci_low - g.mc_error > 1), at_long: bool(at.ci_low - at.mc_error > 1)}
+            checks[f"{C8_SPARSE} (over whole runs, decode speed-up at {growth['longest']} tokens / at "
+                   f"{growth['shortest']}: {_ci(g.value, g.ci_low, g.ci_high)}, speed-up at {growth['longest']}: "
+                   f"{_ci(at.value, at.ci_low, at.ci_high)}, {ci_level(confidence)} CIs, n={g.n} whole runs; "
+                   f"{in_run})"] = {
+                "passed": all(sub.values()), "checks": sub, "measured": True, "kind": C8_SPARSE, "n": int(g.n),
+                "unit": "whole runs", "confidence": confidence, "estimate": g}
+        else:
+            sub = {name: bool(growth["ci_low"] > 1), at_long: bool(gain_low > 1)}
+            checks[f"{C8_SPARSE} (no whole runs; {in_run})"] = {
+                "passed": all(sub.values()), "checks": sub, "measured": True, "kind": C8_SPARSE, "n": 0,
+                "unit": "whole runs", "confidence": confidence,
+                "estimate": _est(growth["value"], growth["ci_low"], growth["ci_high"], growth["n"])}
     if len(interactions):
         need = min_units("requests")
         conf = float(interactions.confidence.iloc[0]) if "confidence" in interactions else 0.95
@@ -427,7 +448,7 @@ def c8_checks(spec_gain: pd.DataFrame, prefix: pd.Series | None, sparse: pd.Data
         checks[f"{C8_STACK} (stack / product of parts: {vals}; {conf:.1%} CIs, {len(interactions)} workload(s) "
                "tried)"] = {
             "passed": passed, "checks": {"on at least one workload the CI lies wholly below 1": passed},
-            "measured": True, "kind": C8_STACK, "n": n, "unit": "requests", "confidence": conf,
+            "measured": False, "shown": True, "kind": C8_STACK, "n": n, "unit": "requests", "confidence": conf,
             "estimate": _est(shown.ratio, shown.low, shown.high, int(shown.requests))}
     else:
         # declared, but there is nothing to compare: the page says so rather than dropping the row
@@ -438,9 +459,9 @@ def c8_checks(spec_gain: pd.DataFrame, prefix: pd.Series | None, sparse: pd.Data
 
 
 def _c8_tried() -> int:
-    from studylib.decisions import declared
+    from studylib.decisions import level
 
-    return declared("C8", cc.CHAPTER).tried
+    return level("C8", cc.CHAPTER)[1]
 
 
 def judge_c8(checks: Mapping[str, dict], conditions: str) -> list[Verdict]:
@@ -468,8 +489,13 @@ def judge_c8(checks: Mapping[str, dict], conditions: str) -> list[Verdict]:
         rows.append(row)
     models = [k for k, v in checks.items() if not v["measured"] and v.get("kind") == "model"]
     unmeasured = [k for k, v in checks.items() if not v["measured"] and v.get("kind") == "unmeasured"]
+    shown = [f"{k}: {'passes' if v['passed'] else 'does not pass'}" for k, v in checks.items()
+             if not v["measured"] and v.get("shown")]
     note = "; ".join(x for x in (f"not counted (models): {'; '.join(models)}" if models else "",
-                                 f"declared but {'; '.join(unmeasured)}" if unmeasured else "") if x)
+                                 "shown, not deciding (speed-ups over requests inside one process; chapter 5 "
+                                 f"decides the prefix interaction over whole runs): {'; '.join(shown)}"
+                                 if shown else "",
+                                 f"{'; '.join(unmeasured)}" if unmeasured else "") if x)
     return decide_conditions("C8", "measured interactions of the stacked gains", rows,
                              "gains are local and interact", "; ".join(x for x in (conditions, note) if x),
                              cc.CHAPTER, names=[C8_NAMES.get(v.get("kind"), k) for k, v in measured.items()])
@@ -524,7 +550,10 @@ def checks_text(checks: Mapping[str, dict]) -> str:
             lines.append(f"- {name}")
             continue
         if not v["measured"]:
-            lines.append(f"- {word} (model, not counted): {name}")
+            why = "shown, not deciding: in one process" if v.get("shown") else "model, not counted"
+            lines.append(f"- {word} ({why}): {name}")
+            if v.get("kind") == C8_PREFIX and v.get("tpot_too"):
+                lines.append("  (the prefix cache also shortened TPOT here)")
             continue
         few = v.get("n") is None or v["n"] < min_units(v["unit"])
         tail = f" (n = {v.get('n')} {v['unit']}, fewer than {min_units(v['unit'])}: decides nothing)" if few else ""

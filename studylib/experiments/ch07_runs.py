@@ -23,17 +23,24 @@ def latency_run(model: str, weights: str, act: str, stacks: Mapping[str, Sequenc
                 max_new_tokens: int, system_tokens: int, conversations: int, turns: int, max_chars: int, seed: int,
                 draft: str, draft_fallback: str | None, gamma: int, lookup_gamma: int, lookup_ngram: int,
                 lookahead: str, attention: str, block_size: int = 16, capacity_tokens: int = 8192,
-                device: str = "cpu", dtype: str = "float32", run_index: int = 0, **_) -> dict:
+                device: str = "cpu", dtype: str = "float32", run_index: int = 0,
+                sparse_contexts: Sequence[int] = (), sparse_steps: int = 4, sparse_prompts: int = 3, **_) -> dict:
     """One whole run: ``stacks`` maps each workload to its settled stack's techniques (empty: AR).
-    Returns ``{"latency:<workload>": speed-up}``."""
+    Returns ``{"latency:<workload>": speed-up}``, and with ``sparse_contexts`` C8's sparse-growth metrics
+    (``sparse_growth_run``) from the same process."""
     from studylib.experiments import ch07_combined as cc
     from studylib.models import load_model
 
     timed = [wl for wl, techs in stacks.items() if techs]
     out = {f"{METRIC}{wl}": 1.0 for wl, techs in stacks.items() if not techs}
-    if not timed:
+    if not timed and not sparse_contexts:
         return out
     lm, tok = load_model(model, device, dtype, weights=weights, act=act)
+    if sparse_contexts:
+        out.update(sparse_growth_run(lm, tok, attention, sparse_contexts, sparse_steps, sparse_prompts,
+                                     seed + 1000 * run_index))
+    if not timed:
+        return out
     options, _ = cc.decoder_options(lm, draft, draft_fallback, gamma, lookup_gamma, lookup_ngram, lookahead)
     wls = cc.build_workloads(tok, timed, n_requests=n_requests, max_new_tokens=max_new_tokens,
                              system_tokens=system_tokens, conversations=max(1, n_requests // turns), turns=turns,
@@ -46,6 +53,24 @@ def latency_run(model: str, weights: str, act: str, stacks: Mapping[str, Sequenc
         name = arms[wl][1].name
         out[f"{METRIC}{wl}"] = float(summary[(summary.workload == wl) & (summary.arm == name)].speedup.iloc[0])
     return out
+
+
+GROWTH, GAIN_LONG = "sparse_growth", "sparse_gain_longest"
+
+
+def sparse_growth_run(lm, tok, attention: str, contexts: Sequence[int], steps: int, prompts: int, seed: int) -> dict:
+    """C8's "sparse attention's gain grows with context" as one whole run's numbers: the decode-step
+    speed-up of ``attention`` over dense (both per-op) at the shortest and the longest of ``contexts`` on
+    ``prompts`` texts of this run's seed; returns the median over texts of (speed-up at longest / at
+    shortest) and the median speed-up at the longest context. The run, not the text, is the unit."""
+    import numpy as np
+
+    from studylib.experiments.ch07_system import sparse_vs_context
+
+    ends = [int(min(contexts)), int(max(contexts))]
+    df = sparse_vs_context(lm, attention, ends, steps, seed, prompts, tok, progress=False)
+    wide = df.pivot(index="prompt", columns="context", values="speedup")[ends].dropna()
+    return {GROWTH: float(np.median(wide[ends[1]] / wide[ends[0]])), GAIN_LONG: float(np.median(wide[ends[1]]))}
 
 
 def stacks_for_runs(plans: Mapping) -> dict[str, list[str]]:

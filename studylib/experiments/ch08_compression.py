@@ -117,7 +117,7 @@ def competing(path=None) -> int:
     (``decisions.yaml``, C9@8); each CI that decides is taken at ``corrected_confidence(k)``."""
     from studylib import decisions
 
-    return decisions.declared("C9", CHAPTER, path).tried
+    return decisions.level("C9", CHAPTER, path)[1]
 
 
 def calibration_ids(tok, tokens: int, seed: int = 0, rows: int = 4) -> torch.Tensor:

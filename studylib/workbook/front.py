@@ -210,6 +210,9 @@ def bottom_line(verdicts: Sequence[Verdict]) -> str:
 
 def claims_table(verdicts: Sequence[Verdict], chapters: Mapping[int, str]) -> str:
     rows = []
+    # a claim decided over several chapters shows the chapter whose decision the study's verdict took
+    # (claim_rows), so its number sits under its own verdict
+    took = {d.id: d.chapter for d, _ in claim_rows(verdicts)}
     for d in study_decisions(verdicts):
         claim = CLAIMS.get(d.id)
         chs = sorted({v.chapter for v in verdicts if v.id == d.id and v.role == DECISION})
@@ -219,7 +222,7 @@ def claims_table(verdicts: Sequence[Verdict], chapters: Mapping[int, str]) -> st
             # a decision over parts: the reader needs the number that decided it, the weakest counted part
             numeric = [v for v in verdicts if v.id == d.id and v.role != DECISION and not v.by_construction
                        and isinstance(v.measured, int | float) and not isinstance(v.measured, bool)
-                       and v.threshold is not None]
+                       and v.threshold is not None and v.chapter == took.get(d.id, v.chapter)]
             if numeric:
                 # weakest: the worst verdict, then the CI's end nearest its bar (as a multiple of the bar)
                 w = weakest_first(numeric)[0]
