@@ -398,6 +398,20 @@ def test_the_claims_table_shows_the_number_of_the_chapter_whose_verdict_the_stud
     assert "speed ch3" in page and "speed ch2" not in page and "(chapter 3)" in page
 
 
+def test_a_hold_is_shown_by_the_part_that_carried_it_not_by_one_that_failed():
+    from studylib.claims import CONDITIONAL, FAILS, HOLDS, Verdict
+    from studylib.workbook.front import claims_table
+
+    def row(role, verdict, metric, value=None, bar=None):
+        return Verdict("C6", "", metric, value, None if value is None else (value * 0.95, value * 1.05), "", verdict,
+                       "", 6, n=10, threshold=bar, direction="at_least" if bar else "check", role=role)
+
+    vs = [row("decision", CONDITIONAL, "d6"), row("part", HOLDS, "speed-up a", 1.6, 1.0),
+          row("part", FAILS, "quality b", 0.9, 0.99)]
+    page = claims_table(vs, {6: "six"})
+    assert "carried by: speed-up a" in page and "quality b" not in page
+
+
 def test_the_printed_edition_keeps_text_figures_and_verdicts_and_points_at_the_data_tables():
     from studylib.workbook.book import print_edition
 

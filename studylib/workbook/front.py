@@ -213,6 +213,7 @@ def claims_table(verdicts: Sequence[Verdict], chapters: Mapping[int, str]) -> st
     # a claim decided over several chapters shows the chapter whose decision the study's verdict took
     # (claim_rows), so its number sits under its own verdict
     took = {d.id: d.chapter for d, _ in claim_rows(verdicts)}
+    carried = {d.id: p for d, p in claim_rows(verdicts)}
     for d in study_decisions(verdicts):
         claim = CLAIMS.get(d.id)
         chs = sorted({v.chapter for v in verdicts if v.id == d.id and v.role == DECISION})
@@ -223,7 +224,13 @@ def claims_table(verdicts: Sequence[Verdict], chapters: Mapping[int, str]) -> st
             numeric = [v for v in verdicts if v.id == d.id and v.role != DECISION and not v.by_construction
                        and isinstance(v.measured, int | float) and not isinstance(v.measured, bool)
                        and v.threshold is not None and v.chapter == took.get(d.id, v.chapter)]
-            if numeric:
+            p = carried.get(d.id)
+            if d.verdict in (HOLDS, CONDITIONAL) and p is not None and p in numeric:
+                # a hold is carried by a part that holds (the claims figure's row), never by one that failed
+                decided += (f"<br><small>carried by: {html.escape(metric_where(p))} = "
+                            f"{html.escape(verdict_number(p))} against the bar "
+                            f"{html.escape(bar_with_origin(p))} (chapter {p.chapter})</small>")
+            elif numeric:
                 # weakest: the worst verdict, then the CI's end nearest its bar (as a multiple of the bar)
                 w = weakest_first(numeric)[0]
                 decided += (f"<br><small>weakest part: {html.escape(metric_where(w))} = "
