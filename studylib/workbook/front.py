@@ -212,8 +212,9 @@ def claims_table(verdicts: Sequence[Verdict], chapters: Mapping[int, str]) -> st
     rows = []
     # a claim decided over several chapters shows the chapter whose decision the study's verdict took
     # (claim_rows), so its number sits under its own verdict
-    took = {d.id: d.chapter for d, _ in claim_rows(verdicts)}
-    carried = {d.id: p for d, p in claim_rows(verdicts)}
+    shown = claim_rows(verdicts)
+    took = {d.id: d.chapter for d, _ in shown}
+    carried = {d.id: p for d, p in shown}
     for d in study_decisions(verdicts):
         claim = CLAIMS.get(d.id)
         chs = sorted({v.chapter for v in verdicts if v.id == d.id and v.role == DECISION})
