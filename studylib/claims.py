@@ -45,6 +45,7 @@ from studylib.verdict import (  # noqa: F401  (the vocabulary, re-exported: chap
     DECISION,
     DIRECTIONS,
     FAILS,
+    GUARD_ERRORS,
     HOLDS,
     INCONCLUSIVE,
     LEGACY_UNITS,
@@ -58,6 +59,7 @@ from studylib.verdict import (  # noqa: F401  (the vocabulary, re-exported: chap
     Claim,
     Verdict,
     corrected_confidence,  # noqa: F401  (re-exported)
+    guard,
 )
 
 # ----------------------------------------------------------------------------------------- the rules
@@ -126,13 +128,13 @@ CLEARS, MISSES, STRADDLES, UNDERSAMPLED = "clears", "misses", "straddles", "too 
 
 
 def condition_state(p: Point, threshold: float, direction: str, min_n: int) -> str:
-    """Where ``p``'s CI lies against the bar. A bound within the CI's Monte Carlo error of the bar (or
-    on it) touches the bar: another resampling seed could put it on either side, so it neither clears
-    nor misses."""
+    """Where ``p``'s CI lies against the bar. A bound within ``verdict.GUARD_ERRORS`` of its own errors
+    (Monte Carlo, or run-to-run between sessions) of the bar, or on it, touches the bar: another seed or
+    another run could put it on either side, so it neither clears nor misses."""
     if p.ci is None or p.n is None or p.n < min_n or math.isnan(p.value):
         return UNDERSAMPLED
     lo, hi = p.ci
-    err = max(p.mc_error, 0.0)
+    err = guard(p.mc_error)
     if direction == AT_LEAST:
         return CLEARS if lo - err > threshold or (err == 0 and lo >= threshold) else (
             MISSES if hi + err < threshold else STRADDLES)
@@ -182,8 +184,11 @@ def _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, cha
         return -math.inf if math.isnan(v) else sign * v
 
     # The row shows the worst condition when the claim holds everywhere (the bound that covers them
-    # all) and the best one otherwise (how close the claim came); the note lists every condition.
-    shown = min(points, key=score) if verdict == HOLDS else max(points, key=score)
+    # all) and the best one otherwise (how close the claim came); the note lists every condition. A
+    # condition with too few units to decide is never the one shown while another could decide: its
+    # point would stand for the row without the units behind it.
+    decidable = [k for k in points if states[k] != UNDERSAMPLED] or list(points)
+    shown = min(decidable, key=score) if verdict == HOLDS else max(decidable, key=score)
     p = points[shown]
     notes = []
     if single:
@@ -213,9 +218,10 @@ def _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, cha
     if confidence != 0.95:
         notes.append(f"{confidence:.2%} CI: {tried or '?'} configurations tried, Bonferroni-corrected")
     near = [k or "the estimate" for k in points if points[k].ci is not None and points[k].mc_error > 0
-            and min(abs(points[k].ci[0] - threshold), abs(points[k].ci[1] - threshold)) <= points[k].mc_error]
+            and min(abs(points[k].ci[0] - threshold), abs(points[k].ci[1] - threshold)) <= guard(points[k].mc_error)]
     if near:
-        notes.append(f"a CI bound lies within its Monte Carlo error of the bar on {', '.join(near)}, so it "
+        notes.append(f"a CI bound lies within {'its' if GUARD_ERRORS == 1 else f'{GUARD_ERRORS:g}x its'} own error "
+                     f"(Monte Carlo error, or run-to-run error over whole runs) of the bar on {', '.join(near)}, so it "
                      "neither clears nor misses it there")
     if p.method and p.method.startswith(RUN_CI) and p.n is not None:
         notes.append(f"CI over {p.n} whole runs: {p.method}; "

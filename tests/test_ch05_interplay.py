@@ -90,3 +90,12 @@ def test_the_band_is_wider_than_what_the_instrument_can_resolve():
     assert 0.10 < floor < inter.EQUIVALENCE_DELTA
     same = whole_runs_of(TTFT, [1.0] * 5).estimate("tpot_gain:continuous", confidence)
     assert same.ci_high - 1 == __import__("pytest").approx(floor, rel=1e-6)
+
+
+def test_a_bound_within_its_own_error_of_a_band_edge_is_neither_inside_nor_outside():
+    # the band reading treats a bound near an edge as the verdict rules treat a bound near a bar
+    assert inter.band_state(0.80, 1.20, 0.75, 1.25) == "inside"
+    assert inter.band_state(0.80, 1.20, 0.75, 1.25, mc_error=0.08) == "straddles"
+    assert inter.band_state(1.30, 1.60, 0.75, 1.25) == "outside"
+    assert inter.band_state(1.30, 1.60, 0.75, 1.25, mc_error=0.08) == "straddles"
+    assert inter.band_state(1.40, 1.60, 0.75, 1.25, mc_error=0.08) == "outside"

@@ -321,3 +321,17 @@ def test_the_power_rule_never_overrides_a_ci_that_clears_the_bar():
     assert clears.verdict == HOLDS
     straddles = judge_at_least("C6", "ratio", est(0.99, 0.98, 1.0), 0.99, "", "", 6, unit="documents", power=power)
     assert straddles.verdict == INCONCLUSIVE and "no power" in straddles.conditions
+
+
+def test_the_row_never_shows_an_undersampled_condition_while_another_decides():
+    """The referee found C4's row showing a condition with 5 traces (its best point) beside conditions with
+    10: the shown number then stood for the row without the units a decision needs."""
+    from studylib.bench.stats import Estimate
+
+    few = Estimate(0.99, 0.97, 1.0, 5, [0.99] * 5)
+    enough = Estimate(0.96, 0.94, 0.98, 10, [0.96] * 10)
+    row = judge_at_least("C4", "ratio", {"few traces": few, "ten traces": enough}, 0.95, "", "", 4, unit="traces")
+    assert row.measured == pytest.approx(0.96) and "shown: ten traces" in row.conditions
+    # with no decidable condition at all, the best point is still shown (and the row is inconclusive)
+    only = judge_at_least("C4", "ratio", {"few traces": few}, 0.95, "", "", 4, unit="traces")
+    assert only.measured == pytest.approx(0.99) and only.verdict == INCONCLUSIVE

@@ -395,7 +395,7 @@ def test_a_run_bound_within_its_own_run_to_run_error_of_the_bar_neither_clears_n
 
     runs = [0.4209, 0.4383, 0.4266, 0.4345, 0.4319]
     e = run_estimate(runs, session_sd=0.06, session_df=8)
-    assert 0 < e.mc_error < 0.05 * e.ci_high and "run-to-run error" in e.method
+    assert 0 < e.mc_error < 0.1 * e.ci_high and "run-to-run error" in e.method
 
     def verdict(bar):
         return judge_at_least("C2", "f", e, bar, "", "", 1, unit="whole runs").verdict
@@ -438,3 +438,23 @@ def test_a_chapter_that_judges_on_another_chapters_results_hashes_that_chapters_
     seven = fingerprint(7, None)["files"]
     assert "studylib/experiments/ch05_load.py" in seven and "notebooks/05_dynamic_batching.ipynb" in seven
     assert "studylib/experiments/ch07_report.py" not in fingerprint(5, None)["files"]
+
+
+def test_a_bound_just_clear_of_its_bar_in_one_session_is_within_its_error_in_every_session():
+    """Two cold runs of one commit put C9's q8_0 speed-up at 2.80 [2.12, 3.70] and 2.71 [2.01, 3.64] against
+    a bar of 2 (the five runs of each session within 1.7% of each other). Counting only the within-session
+    error as the bound's own, the first held and the second did not; a rerun is another session, so the
+    declared between-session sd is part of how far a bound moves, and neither session clears."""
+    from studylib.claims import INCONCLUSIVE, judge_at_least
+
+    spread = (0.985, 1.0, 1.015, 0.99, 1.01)
+    for level in (2.80, 2.71):
+        runs = WholeRuns("t:x", {}, [{"metrics": {"speedup:q8_0": level * f}} for f in spread])
+        e = runs.estimate("speedup:q8_0", confidence=0.99375)
+        row = judge_at_least("C9", "s", e, 2.0, "", "", 8, unit="whole runs")
+        assert row.verdict == INCONCLUSIVE, (level, e.ci_low, e.mc_error)
+        assert e.mc_error > e.ci_high * 0.04  # at least the declared between-session sd, on the bound's scale
+    # far from the bar it still decides
+    far = WholeRuns("t:x", {}, [{"metrics": {"speedup:q8_0": 3.8 * f}} for f in spread])
+    assert judge_at_least("C9", "s", far.estimate("speedup:q8_0", confidence=0.99375), 2.0, "", "", 8,
+                          unit="whole runs").verdict == "holds"

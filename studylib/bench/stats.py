@@ -232,11 +232,12 @@ def run_estimate(run_values: Sequence[float], confidence: float = 0.95, session_
     so a number near its bar reads inconclusive in every session rather than holds in one of them. q is
     Student's t on ``session_df`` (the degrees of freedom the sd was estimated with), or z without them.
 
-    The bounds themselves move from one set of runs to the next (the mean of the logs by s/sqrt(n), the
-    half-width through s by about s/sqrt(2(n-1))). That standard error of a bound, taken to the bounds' scale,
-    is returned as the estimate's ``mc_error``, so the rules read a bound within it of the bar as touching
-    the bar (neither clears nor misses), as they read a bootstrap bound within its Monte Carlo error: two
-    sets of runs of one commit then cannot put a near-bar number on either side of it."""
+    The bounds themselves move from one set of runs to the next: the mean of the logs by s/sqrt(n) and, in
+    another session, by ``session_sd`` as well; the half-width through s by about s/sqrt(2(n-1)). That
+    standard error of a bound, taken to the bounds' scale, is returned as the estimate's ``mc_error``, so
+    the rules read a bound within it of the bar as touching the bar (neither clears nor misses), as they
+    read a bootstrap bound within its Monte Carlo error: two sessions of one commit then cannot put a
+    near-bar number on either side of it."""
     x = np.asarray([float(v) for v in run_values], dtype=float)
     if x.size and (not np.all(np.isfinite(x)) or np.any(x <= 0)):
         raise ValueError(f"run_estimate needs positive finite per-run values, got {x.tolist()}")
@@ -260,7 +261,11 @@ def run_estimate(run_values: Sequence[float], confidence: float = 0.95, session_
     # the bound's own standard error over repeated sets of runs, on the log scale: the mean's, and the
     # half-width's through s (d half / d s = within / s * within / half; sd of s ~ s / sqrt(2 (n - 1)))
     dh = (within / half) * (within / s) if s > 0 and half > 0 else 0.0
-    log_err = math.sqrt(s**2 / x.size + (dh * s) ** 2 / (2 * (x.size - 1)))
+    # A rerun is another session: its runs' mean also moves by the between-session sd, which the runs of one
+    # session cannot show (two cold runs of one commit put C9's q8_0 at 2.80 and 2.71, a log step of 0.033
+    # against a within-session error of 0.008). Left out, a bound 0.12 above the bar "held" in one session
+    # and was within its error in the next.
+    log_err = math.sqrt(s**2 / x.size + session_sd**2 + (dh * s) ** 2 / (2 * (x.size - 1)))
     method += f"; a bound's run-to-run error {log_err:.2g} (log) counts as its Monte Carlo error"
     return Estimate(float(np.exp(m)), float(np.exp(m - half)), float(np.exp(m + half)), int(x.size), x.tolist(),
                     confidence, method, float(np.exp(m + half)) * log_err)

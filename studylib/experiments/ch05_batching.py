@@ -352,5 +352,5 @@ def c7_record(gains: pd.DataFrame, runs: pd.DataFrame, conditions: str, treated:
                      "gain": 1.0 if arm == "sequential" else (est.value if est else None),
                      "ci": [1.0, 1.0] if arm == "sequential" else ([est.ci_low, est.ci_high] if est else None),
                      "repeats": int(est.n) if est is not None else int((sat["arm"] == arm).sum()),
-                     "method": getattr(est, "method", None)})
+                     "method": getattr(est, "method", None), "mc_error": getattr(est, "mc_error", 0.0)})
     return {"treated": treated, "baseline": "sequential", "conditions": conditions, "arms": rows}

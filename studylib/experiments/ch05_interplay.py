@@ -212,12 +212,17 @@ def band_floor(confidence: float) -> float:
 TTFT_NOT_TPOT = "prefix cache helps TTFT, not TPOT"
 
 
-def band_state(low: float, high: float, lo_bound: float, hi_bound: float) -> str:
+def band_state(low: float, high: float, lo_bound: float, hi_bound: float, mc_error: float = 0.0) -> str:
     """Where the CI [low, high] lies against the band [lo_bound, hi_bound]: "inside", "outside" (wholly
-    out of it) or "straddles" (across an edge): the three outcomes of an equivalence reading."""
-    if lo_bound <= low and high <= hi_bound:
+    out of it) or "straddles" (across an edge): the three outcomes of an equivalence reading. A bound
+    within ``verdict.GUARD_ERRORS`` of its own errors (``mc_error``: Monte Carlo or run-to-run) of an edge
+    touches it, as the verdict rules read a bound near a bar: it is neither inside nor outside."""
+    from studylib.verdict import guard
+
+    e = guard(mc_error)
+    if lo_bound + e <= low and high <= hi_bound - e:
         return "inside"
-    if high < lo_bound or low > hi_bound:
+    if high < lo_bound - e or low > hi_bound + e:
         return "outside"
     return "straddles"
 TPOT_TOO = "prefix cache also shortens TPOT"

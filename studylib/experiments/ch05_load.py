@@ -601,4 +601,4 @@ def latency_record(rows: pd.DataFrame, est: Estimate, rate: float, load: float) 
     """What chapter 7 reads for C7's latency-under-load row."""
     return {"rate_req_s": rate, "load_vs_sequential_service_rate": load, "treated": "continuous+radix",
             "baseline": "sequential", "value": est.value, "ci": [est.ci_low, est.ci_high], "n": est.n,
-            "unit": _unit(rows), "table": latency_table(rows).to_dict("records")}
+            "method": est.method, "mc_error": est.mc_error, "unit": _unit(rows), "table": latency_table(rows).to_dict("records")}

@@ -106,7 +106,7 @@ def _state(est, low: float, high: float) -> str:
     """Where a CI lies against the band [low, high]: "inside", "outside" (wholly out) or "straddles"."""
     if est is None or math.isnan(est.ci_low) or est.n < MIN_UNITS["whole runs"]:
         return "undecided"
-    return band_state(est.ci_low, est.ci_high, low, high)
+    return band_state(est.ci_low, est.ci_high, low, high, est.mc_error)
 
 
 def judge_c8(runs, conditions: str, delta: float = EQUIVALENCE_DELTA) -> list[Verdict]:

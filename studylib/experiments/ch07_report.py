@@ -34,6 +34,7 @@ from studylib.experiments.ch05_interplay import EQUIVALENCE_DELTA, band_state, t
 from studylib.experiments.ch07_quality import QUALITY_BAR
 from studylib.experiments.ch07_stack import StackPlan, stack_arm_name
 from studylib.models import arithmetic
+from studylib.verdict import guard
 from studylib.workbook.tables import span
 
 LATENCY_BAR = 10.0  # "end-to-end latency reduced by more than 10x"
@@ -170,9 +171,12 @@ def prefix_row(summary: pd.DataFrame, workload: str = "system_prompt") -> pd.Ser
 # ------------------------------------------------------------------------------------------ verdicts
 
 
-def _est(value, low, high, n=None, method=None) -> dict:
+def _est(value, low, high, n=None, method=None, mc_error=0.0) -> dict:
+    """An estimate read back from a chapter's JSON, keeping how its CI was taken and its bound's own error
+    (Monte Carlo or run-to-run), so the rules read it exactly as the chapter that measured it would."""
+    mc = float(mc_error) if mc_error is not None and math.isfinite(float(mc_error)) else 0.0
     return {"value": float(value), "ci_low": float(low), "ci_high": float(high), "n": None if n is None else int(n),
-            "method": method}
+            "method": method, "mc_error": mc}
 
 
 CONFIRMATION_WHY = (
@@ -307,8 +311,9 @@ def judge_throughput(tsum: pd.DataFrame, conditions: str, policy: str = "continu
     note = f"above the claimed 8-12x range ({r.gain:.3g}x)" if r.gain > THROUGHPUT_TOP else ""
     n = int(r.repeats) if "repeats" in tsum.columns else None
     method = r.method if "method" in tsum.columns and isinstance(r.method, str) else None
+    mc = float(r.mc_error) if "mc_error" in tsum.columns and pd.notna(r.mc_error) else 0.0
     return judge_at_least("C7", "throughput at saturation vs AR one at a time (x)",
-                          _est(r.gain, r.gain_low, r.gain_high, n, method), THROUGHPUT_BAR, "8-12x",
+                          _est(r.gain, r.gain_low, r.gain_high, n, method, mc), THROUGHPUT_BAR, "8-12x",
                           "; ".join(x for x in (f"{policy}", conditions, note) if x), cc.CHAPTER, unit="whole runs")
 
 
@@ -316,7 +321,7 @@ def judge_latency_under_load(load: Mapping, serving: str) -> Verdict:
     """C7's "end-to-end latency" read as a user at a given arrival rate sees it, queueing included:
     sequential AR serving / continuous batching + prefix cache at the same Poisson arrivals (chapter 5)."""
     unit = load.get("unit", "requests")
-    est = _est(load["value"], load["ci"][0], load["ci"][1], load.get("n"))
+    est = _est(load["value"], load["ci"][0], load["ci"][1], load.get("n"), load.get("method"), load.get("mc_error"))
     how = (f"chapter 5's latency under load: {load.get('n')} {unit} at {load['rate_req_s']:.2f} requests/s, "
            f"{load['baseline']} against {load['treated']} on the same seeded Poisson arrivals"
            + (", each trace its own requests and arrivals, resampled whole" if unit == "traces" else ""))
@@ -420,7 +425,7 @@ def c8_checks(spec_gain: pd.DataFrame, prefix: pd.Series | None, sparse: pd.Data
         g = growth_runs.get(GROWTH, confidence) if growth_runs is not None else None
         at = growth_runs.get(GAIN_LONG, confidence) if growth_runs is not None else None
         if g is not None and at is not None:
-            sub = {name: bool(g.ci_low - g.mc_error > 1), at_long: bool(at.ci_low - at.mc_error > 1)}
+            sub = {name: bool(g.ci_low - guard(g.mc_error) > 1), at_long: bool(at.ci_low - guard(at.mc_error) > 1)}
             checks[f"{C8_SPARSE} (over whole runs, decode speed-up at {growth['longest']} tokens / at "
                    f"{growth['shortest']}: {_ci(g.value, g.ci_low, g.ci_high)}, speed-up at {growth['longest']}: "
                    f"{_ci(at.value, at.ci_low, at.ci_high)}, {ci_level(confidence)} CIs, n={g.n} whole runs; "

@@ -338,7 +338,7 @@ def serving_from_chapter5(out_dir: str | Path) -> dict | None:
         ci = a.get("ci") or [None, None]
         rows.append({"policy": name.get(a["arm"], a["arm"]), "throughput_tok_s": a["throughput_tok_s"],
                      "gain": a["gain"], "gain_low": ci[0], "gain_high": ci[1], "repeats": a["repeats"],
-                     "method": a.get("method")})
+                     "method": a.get("method"), "mc_error": a.get("mc_error", 0.0)})
     tsum = pd.DataFrame(rows)
     runs = pd.DataFrame(meas.get("runs") or [])
     n = int(runs["requests"].max()) if "requests" in runs else None
