@@ -99,3 +99,8 @@ def test_a_bound_within_its_own_error_of_a_band_edge_is_neither_inside_nor_outsi
     assert inter.band_state(1.30, 1.60, 0.75, 1.25) == "outside"
     assert inter.band_state(1.30, 1.60, 0.75, 1.25, mc_error=0.08) == "straddles"
     assert inter.band_state(1.40, 1.60, 0.75, 1.25, mc_error=0.08) == "outside"
+
+
+def test_the_c8_row_records_the_error_its_band_reading_guarded_with():
+    rows = runs5.judge_c8(whole_runs_of(TTFT, FASTER), "c")
+    assert rows[1].mc_error is not None and rows[1].mc_error > 0

@@ -458,3 +458,25 @@ def test_a_bound_just_clear_of_its_bar_in_one_session_is_within_its_error_in_eve
     far = WholeRuns("t:x", {}, [{"metrics": {"speedup:q8_0": 3.8 * f}} for f in spread])
     assert judge_at_least("C9", "s", far.estimate("speedup:q8_0", confidence=0.99375), 2.0, "", "", 8,
                           unit="whole runs").verdict == "holds"
+
+
+def test_a_ratio_over_few_units_is_never_narrower_than_its_t_interval(monkeypatch):
+    """A referee recomputed chapter 6's next-word ratios over 10 documents: BCa cleared 0.99 by 0.0025 where
+    a t interval crossed it. Below SMALL_N units the bootstrap under-covers, so each bound is the wider of
+    the two; from SMALL_N units on, BCa alone."""
+    from studylib.bench import stats as st
+
+    rng = np.random.default_rng(3)
+    den = rng.integers(80, 120, size=10).astype(float)
+    num = den * rng.normal(1.0, 0.02, size=10)
+    lo, hi, _ = st.ratio_of_sums_bounds(num, den, 0.99)
+    t_lo, t_hi = st.ratio_t_bounds(num, den, 0.99)
+    assert lo <= t_lo and hi >= t_hi and lo < hi
+    # the t interval is the ratio estimator's: R = 1, residuals -1 and 1, se = 1 / mean(den) = 0.5
+    assert st.ratio_t_bounds([1.0, 3.0], [2.0, 2.0], 0.95) == pytest.approx((1 - 12.7062047 * 0.5, 1 + 12.7062047 * 0.5))
+    # a t interval wider than anything shows where it applies: below SMALL_N units, and only there
+    monkeypatch.setattr(st, "ratio_t_bounds", lambda a, b, c: (-99.0, 99.0))
+    assert st.ratio_of_sums_bounds(num, den, 0.99)[:2] == (-99.0, 99.0)
+    big_den = rng.integers(80, 120, size=st.SMALL_N).astype(float)
+    big = st.ratio_of_sums_bounds(big_den * rng.normal(1.0, 0.02, size=st.SMALL_N), big_den, 0.99)
+    assert -99.0 < big[0] < big[1] < 99.0

@@ -194,10 +194,33 @@ def ratio_estimate(baseline: Sequence[float], treated: Sequence[float], seed: in
     return Estimate(point, lo, hi, int(b.size), (b / t).tolist(), confidence=confidence, mc_error=mc)
 
 
+# Below this many units a bootstrap interval under-covers (BCa included: it estimates its corrections from
+# the same few units), so a ratio's CI there is never narrower than the ratio estimator's t interval.
+SMALL_N = 20
+SMALL_N_NOTE = (f"below {SMALL_N} units, widened to the ratio estimator's t interval (n - 1 df) where that is "
+                "wider")
+
+
+def ratio_t_bounds(num: Sequence[float], den: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """The t interval of R = sum(num) / sum(den) over paired units: the ratio estimator's linearised standard
+    error, sqrt(sum((num - R den)^2) / (n (n - 1))) / mean(den), with Student's t on n - 1 df. Units with
+    nothing in either arm contribute nothing; a unit where the arm scored 0 is an ordinary unit (a log-ratio
+    interval would have to drop it)."""
+    a, b = np.asarray(num, float), np.asarray(den, float)
+    n = a.size
+    if n < 2 or not b.sum() > 0:
+        return float("nan"), float("nan")
+    r = float(a.sum() / b.sum())
+    se = math.sqrt(float(((a - r * b) ** 2).sum()) / (n * (n - 1))) / float(b.mean())
+    q = float(stats.t.ppf((1 + confidence) / 2, n - 1))
+    return r - q * se, r + q * se
+
+
 def ratio_of_sums_bounds(num: Sequence[float], den: Sequence[float], confidence: float = 0.95, seed: int = 0,
                          resamples: int | None = None) -> tuple[float, float, float]:
     """The BCa interval of sum(num) / sum(den) over paired units (both resampled together; a resample whose
-    denominator is 0 has no ratio and is dropped), with its Monte Carlo error: (low, high, error). The
+    denominator is 0 has no ratio and is dropped), with its Monte Carlo error: (low, high, error). Below
+    ``SMALL_N`` units each bound is the wider of BCa's and the t interval's (``ratio_t_bounds``). The
     caller handles fewer than 2 units and a zero total."""
     a, b = np.asarray(num, float), np.asarray(den, float)
     point = float(a.sum() / b.sum())
@@ -211,7 +234,11 @@ def ratio_of_sums_bounds(num: Sequence[float], den: Sequence[float], confidence:
         keep[i] = False
         jack.append(a[keep].sum() / b[keep].sum() if b[keep].sum() > 0 else point)
         keep[i] = True
-    return bca_bounds(point, boots, np.array(jack), confidence)
+    lo, hi, mc = bca_bounds(point, boots, np.array(jack), confidence)
+    if a.size < SMALL_N:
+        t_lo, t_hi = ratio_t_bounds(a, b, confidence)
+        lo, hi = min(lo, t_lo), max(hi, t_hi)
+    return lo, hi, mc
 
 
 def no_ci(n: int = 0, samples: Sequence[float] = (), confidence: float = 0.95, method: str = "no CI") -> Estimate:

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from studylib.bench.stats import Estimate
+from studylib.bench.stats import SMALL_N, SMALL_N_NOTE, Estimate
 from studylib.errors import StudylibError
 from studylib.eval.perplexity import KVFactory, teacher_forced
 
@@ -198,7 +198,9 @@ def paired_ratio(ref: Sequence[np.ndarray], arm: Sequence[np.ndarray], confidenc
 
     The CI is a two-sided BCa bootstrap at ``confidence`` (at least 10,000 resamples, more at corrected levels, with the Monte Carlo error
     of its bounds) that resamples documents (clusters), not items: a loss concentrated in a few documents is less certain than one spread evenly, and an
-    item bootstrap would not see that. With under 2 documents there is no CI (NaN). When no item
+    item bootstrap would not see that. Below ``stats.SMALL_N`` documents each bound is the wider of
+    BCa's and the ratio estimator's t interval (BCa under-covers at ten units). With under 2 documents
+    there is no CI (NaN). When no item
     differs the CI is (value, value): the arm is the reference on this task.
 
     ``mdc`` is the CI's half-width; ``has_power`` says whether it is at most ``bar_change`` (0.01 for
@@ -248,7 +250,8 @@ def as_estimate(tr: TaskRatio) -> Estimate:
     """The ratio as a ``studylib.bench.stats.Estimate``, for ``studylib.claims.judge_at_least``
     (unit "documents"); ``samples`` are the per-document ratios (NaN where undefined)."""
     return Estimate(tr.value, tr.ci_low, tr.ci_high, tr.n, list(tr.samples), confidence=tr.confidence,
-                    method="BCa bootstrap over documents, >= 10,000 resamples (100 beyond each bound)", mc_error=tr.mc_error)
+                    method="BCa bootstrap over documents, >= 10,000 resamples (100 beyond each bound)"
+                    + (f"; {SMALL_N_NOTE}" if tr.n < SMALL_N else ""), mc_error=tr.mc_error)
 
 
 def power_fields(tr: TaskRatio) -> dict:

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from studylib.bench.stats import Estimate, ratio_estimate, ratio_of_sums_bounds
+from studylib.bench.stats import SMALL_N_NOTE, Estimate, ratio_estimate, ratio_of_sums_bounds
 from studylib.decoding import ar
 from studylib.decoding.common import eos_set
 from studylib.kvcache.belady import Trace
@@ -255,7 +255,7 @@ def trace_curve(traces: pd.DataFrame, block_size: int, fractions: Sequence[float
     return pd.DataFrame(rows)
 
 
-TRACE_CI = "BCa bootstrap over seeded traces (each a cluster of requests)"
+TRACE_CI = f"BCa bootstrap over seeded traces (each a cluster of requests); {SMALL_N_NOTE}"
 
 
 def eviction_confidence() -> float:

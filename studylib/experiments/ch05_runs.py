@@ -151,7 +151,9 @@ def judge_c8(runs, conditions: str, delta: float = EQUIVALENCE_DELTA) -> list[Ve
                   (tpot.ci_low, tpot.ci_high) if tpot is not None else None,
                   "caching helps TTFT, not TPOT: the gain is local", verdict, note, CHAPTER, n=n or None,
                   direction="check", unit="whole runs", ci_method=tpot.method if tpot is not None else None,
-                  confidence=confidence, tried=k)
+                  confidence=confidence, tried=k,
+                  # the error the band reading guarded with (the TPOT gain's: the CI the row shows)
+                  mc_error=tpot.mc_error if tpot is not None else None)
     return decide_parts("C8", "measured interaction of the prefix cache with batching", [row],
                         "local accelerations do not compose", conditions, CHAPTER)
 
