@@ -34,6 +34,7 @@ from studylib.claims import (
 from studylib.decoding.common import Stopwatch
 from studylib.kvcache import PagedBatch, PagedKVPool
 from studylib.serving.workload import WorkloadItem, to_requests
+from studylib.verdict import guard
 
 CHAPTER = 5
 
@@ -217,8 +218,6 @@ def band_state(low: float, high: float, lo_bound: float, hi_bound: float, mc_err
     out of it) or "straddles" (across an edge): the three outcomes of an equivalence reading. A bound
     within ``verdict.GUARD_ERRORS`` of its own errors (``mc_error``: Monte Carlo or run-to-run) of an edge
     touches it, as the verdict rules read a bound near a bar: it is neither inside nor outside."""
-    from studylib.verdict import guard
-
     e = guard(mc_error)
     if lo_bound + e <= low and high <= hi_bound - e:
         return "inside"
