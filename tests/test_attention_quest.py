@@ -244,3 +244,29 @@ def test_kernel_setting_is_checked(monkeypatch):
     monkeypatch.setenv("STUDYLIB_QUEST_KERNEL", "fast")
     with pytest.raises(StudylibError, match="STUDYLIB_QUEST_KERNEL='fast'"):
         _c_kernel()
+
+
+def test_each_teacher_forced_query_sees_what_the_reference_step_would():
+    from studylib.attention.quest import page_summaries, quest_mask_ref, teacher_forced_mask
+
+    g = torch.Generator().manual_seed(7)
+    pattern = Quest(budget=40, page=8, sinks=2, recent=8, dense_layers=0)
+    B, H, Hkv, D, start, n = 1, 4, 2, 16, 70, 12
+    k = torch.randn(B, Hkv, start + n, D, generator=g)
+    q = torch.randn(B, H, n, D, generator=g)
+    kmin, kmax = page_summaries(k, pattern.page)
+    mask = teacher_forced_mask(q, kmin, kmax, start, pattern).repeat_interleave(H // Hkv, 1)
+    for i in range(n):
+        ref = quest_mask_ref(q[:, :, i:i + 1], k[:, :, :start + i + 1], pattern)[:, :, 0]
+        assert torch.equal(mask[:, :, i, :start + i + 1], ref), i
+        assert not mask[:, :, i, start + i + 1:].any()  # causal: nothing later
+
+
+def test_teacher_forcing_refuses_a_recent_window_shorter_than_a_page():
+    from studylib.attention.quest import page_summaries, teacher_forced_mask
+
+    pattern = Quest(budget=40, page=8, sinks=2, recent=6, dense_layers=0)
+    k = torch.randn(1, 1, 80, 8)
+    kmin, kmax = page_summaries(k, 8)
+    with pytest.raises(StudylibError, match="recent >= page"):
+        teacher_forced_mask(torch.randn(1, 1, 4, 8), kmin, kmax, 76, pattern)

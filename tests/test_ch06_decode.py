@@ -77,3 +77,27 @@ def test_quest_budgets_decoded_together_match_each_decoded_alone(tiny):
         assert d.torch.allclose(together[i], alone[i], atol=1e-4, rtol=1e-4)
     # the two budgets really differ: each row went through its own cache
     assert not d.torch.allclose(together[0], together[1], atol=1e-6)
+
+
+@pytest.mark.parametrize("spec", ["quest:budget=32,page=8,sinks=2,recent=8,dense=0",
+                                  "quest:budget=48,page=8,sinks=3,recent=16,dense=1"])
+def test_a_teacher_forced_quest_chunk_gives_the_logits_of_stepping(tiny, spec):
+    model, tok = tiny
+    from studylib.data import long_text
+
+    ids = long_text(tok, 200, seed=3)
+    n = 40
+    stepped_cache = d.prefill_arms(model, ids[:-n], [spec], n + 2, chunk=64)[spec]
+    stepped = d.torch.stack([d.decode_step(model, stepped_cache, t) for t in ids[-n:]])
+    forced_cache = d.prefill_arms(model, ids[:-n], [spec], n + 2, chunk=64)[spec]
+    with d.torch.inference_mode():
+        forced = model(d.torch.tensor([ids[-n:]]), forced_cache.begin_teacher_forced(n), logits="all").logits[0]
+        dense_cache = d.prefill_arms(model, ids[:-n], ["dense"], n + 2, chunk=64)["dense"]
+        dense = model(d.torch.tensor([ids[-n:]]), dense_cache.begin(n), logits="all").logits[0]
+    assert d.torch.allclose(forced.float(), stepped, atol=1e-4, rtol=1e-4)
+    assert not d.torch.allclose(dense.float(), stepped, atol=1e-2)  # the selection really drops keys
+    assert forced_cache.length == stepped_cache.length == 200
+    # and the caches go on identically: the next step reads the same
+    nxt = ids[-1]
+    assert d.torch.allclose(d.decode_step(model, forced_cache, nxt), d.decode_step(model, stepped_cache, nxt),
+                            atol=1e-4, rtol=1e-4)

@@ -176,9 +176,16 @@ def test_judge_c4_is_decided_over_seeded_traces_against_belady():
     assert all(r.verdict == HOLDS for r in rows[1:] if r.by_construction)
     # too few traces for a CI to decide: inconclusive, whatever the ratio (many requests do not help)
     assert ch04.judge_c4(_summary(), _curve(0.99), None, "c", _tc({MT: 0.99}, traces=4))[0].verdict == INCONCLUSIVE
-    # the control and the identity check need enough requests too
-    assert ch04.judge_c4(_summary(control_requests=4), _curve(0.99), None, "c",
-                         _tc({MT: 0.99}))[0].verdict == INCONCLUSIVE
+    # the identity check needs enough requests too
+    few = _summary(control_requests=4)
+    few.loc[few.workload == "system_prompt", "requests"] = 4
+    assert ch04.judge_c4(few, _curve(0.99), None, "c", _tc({MT: 0.99}))[0].verdict == INCONCLUSIVE
+    # the no-sharing control's TTFT is shown beside the decision, never judged (timed in one process)
+    slow = _summary()
+    slow.loc[slow.workload == "no_sharing", "TTFT speedup"] = 0.5
+    rows = ch04.judge_c4(slow, _curve(0.99), None, "c", _tc({MT: 0.99, FS: 0.99}))
+    assert rows[0].verdict == HOLDS and not any("control" in r.metric for r in rows)
+    assert "no-sharing control's TTFT with the cache x0.50" in rows[0].conditions
     changed = _summary(identical=(False, True))
     assert ch04.judge_c4(changed, _curve(0.99), None, "c", _tc({MT: 0.99}))[0].verdict == FAILS
     # no seeded traces: nothing decides the claim

@@ -188,6 +188,55 @@ def quest_attention_ref(q, k, v, pattern: Quest) -> torch.Tensor:
     return (p @ vf).to(q.dtype)
 
 
+def teacher_forced_mask(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, start: int,
+                        pattern: Quest) -> torch.Tensor:
+    """Which keys each of n teacher-forced queries reads: (B, Hkv, n, start + n) bool.
+
+    Query i (q[:, :, i], its token at slot start + i) sees what a decode step at ``start + i + 1`` keys
+    would read: the sinks, its R recent keys and its own top pages by group bound (stable order, fewest
+    of ``pattern.n_pages`` and the candidates), or every earlier key where the step reads them all. So a
+    known text is scored in one forward instead of n steps, with the same selection as stepping.
+
+    Needs recent >= page: then every candidate page of query i ends before slot start + i, so the
+    summaries, refreshed over the whole chunk's keys, are the ones its step would have seen.
+    """
+    P, S, R = pattern.page, pattern.sinks, pattern.recent
+    if R < P:
+        raise StudylibError(f"{pattern.spec}: teacher-forced selection needs recent >= page (a candidate page "
+                            "could hold later keys); feed the tokens one step at a time instead.")
+    B, H, n, D = q.shape
+    Hkv = kmin.shape[1]
+    L = start + n
+    n_pages = -(-L // P)
+    dev = q.device
+    seq = start + 1 + torch.arange(n, device=dev)  # keys each query's step would hold
+    first = torch.arange(n_pages, device=dev) * P
+    cand = (first + P - 1 >= S)[None] & (first[None] < (seq - R)[:, None])  # (n, NP)
+    qg = q.reshape(B, Hkv, H // Hkv, n, D).float()
+    lo, hi = kmin[:, :, :n_pages].float(), kmax[:, :, :n_pages].float()
+    bound = qg.clamp(min=0) @ hi[:, :, None].transpose(-1, -2) + qg.clamp(max=0) @ lo[:, :, None].transpose(-1, -2)
+    score = bound.amax(2).masked_fill(~cand, float("-inf"))  # (B, Hkv, n, NP)
+    k = min(pattern.n_pages, n_pages)
+    top = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., :k]
+    chosen = torch.zeros_like(score, dtype=torch.bool)
+    # a query with fewer candidates than pages to read takes them all and no -inf page
+    chosen.scatter_(-1, top, torch.gather(score, -1, top) > float("-inf"))
+    keys = torch.arange(L, device=dev)
+    sees = chosen.repeat_interleave(P, -1)[..., :L]
+    sees |= (keys < S) | (keys[None] >= (seq - R)[:, None])
+    causal = keys[None] < seq[:, None]  # (n, L)
+    dense = ~torch.tensor([pattern.selects(int(t)) for t in seq.tolist()], device=dev)
+    return (sees | dense[:, None]) & causal
+
+
+def teacher_forced_attention(q, k, v, kmin, kmax, start: int, pattern: Quest) -> torch.Tensor:
+    """Attention of n teacher-forced queries q (B, H, n, D) over k/v (B, Hkv, start + n, D), each reading
+    its own decode step's selection (``teacher_forced_mask``)."""
+    G = q.shape[1] // k.shape[1]
+    mask = teacher_forced_mask(q, kmin, kmax, start, pattern).repeat_interleave(G, 1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
 # --------------------------------------------------------------------------------------------------
 # The fused CPU kernel
 # --------------------------------------------------------------------------------------------------
@@ -287,6 +336,7 @@ class QuestKVCache(DenseKVCache):
         self.kmin = [torch.full(shape, float("inf"), device=device, dtype=dtype) for _ in range(cfg.num_layers)]
         self.kmax = [torch.full(shape, float("-inf"), device=device, dtype=dtype) for _ in range(cfg.num_layers)]
         self._select = False
+        self._teacher_forced = False
 
     @property
     def keys_read(self) -> float:
@@ -301,6 +351,17 @@ class QuestKVCache(DenseKVCache):
         super().begin(n, tree_mask=tree_mask, valid=valid, positions=positions)
         plain = tree_mask is None and positions is None and not self.padded
         self._select = plain and n == 1 and self.pattern.selects(self.length)
+        self._teacher_forced = False
+        return self
+
+    def begin_teacher_forced(self, n: int) -> QuestKVCache:
+        """Open a forward over ``n`` known tokens in which each position attends to what its own decode
+        step would read (``teacher_forced_attention``): scoring a text costs one forward, not n steps.
+        Only for tokens whose next-token predictions are read, not for prefill."""
+        self.begin(n)
+        if self.padded:
+            raise StudylibError("teacher-forced Quest needs an unpadded cache; score each sequence alone.")
+        self._teacher_forced = self.pattern.selects(self.length)
         return self
 
     def _summarise(self, layer: int, s: int, e: int) -> None:
@@ -315,6 +376,12 @@ class QuestKVCache(DenseKVCache):
     def attend(self, layer, q, k, v):
         s, n = self._start, self._n
         L = s + n
+        if self._teacher_forced and layer >= self.pattern.dense_layers:
+            self.k[layer][:, :, s:L] = k
+            self.v[layer][:, :, s:L] = v
+            self._summarise(layer, s, L)
+            return teacher_forced_attention(q, self.k[layer][:, :, :L], self.v[layer][:, :, :L], self.kmin[layer],
+                                            self.kmax[layer], s, self.pattern)
         if not self._select or layer < self.pattern.dense_layers:
             out = super().attend(layer, q, k, v)  # writes the slots and attends densely
             self._summarise(layer, s, L)

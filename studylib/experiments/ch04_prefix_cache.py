@@ -468,10 +468,10 @@ def judge_c4(summary: pd.DataFrame, curve: pd.DataFrame, det: pd.DataFrame, cond
       every policy reaches the never-evicting optimum), pools below it where eviction costs even the
       clairvoyant reference no hit (``_binds``: the pool still holds every shared prefix, the ratio sits
       at a degenerate 1 [1, 1]), and the no-sharing workload (nothing to hit);
-    - greedy outputs identical with and without the cache (all or nothing, over every request);
-    - the no-sharing control pays nothing (its TTFT within noise of the uncached arm).
+    - greedy outputs identical with and without the cache (all or nothing, over every request).
 
-    The TTFT gain is reported beside it, not judged: the source claims hits, not a TTFT figure."""
+    The TTFT gain, and the no-sharing control's TTFT against no cache, are reported beside it, not judged:
+    the source claims hits, not a TTFT figure, and both are timed in one process."""
     from studylib.claims import decide_parts, judge_at_least, judge_checks
     from studylib.decisions import exploratory, level, undeclared
 
@@ -514,14 +514,16 @@ def judge_c4(summary: pd.DataFrame, curve: pd.DataFrame, det: pd.DataFrame, cond
                               {f"{r.workload} ({r['outputs identical']})": bool(r["all identical"])
                                for _, r in summary.iterrows()},
                               "harmless", conditions, CHAPTER, n=int(summary["requests"].sum()), unit="prompts"))
+    # The no-sharing control's TTFT is shown beside the decision, not judged: the source claims hits, not a
+    # cost, and an in-process timing ratio is no whole-run measurement (a referee refused its 0.8 margin).
     ctrl = summary[summary.workload == "no_sharing"]
-    parts.append(judge_checks("C4", "the no-sharing control pays nothing (TTFT within noise of no cache)", {
-        f"no_sharing TTFT x{r['TTFT speedup']:.2f}": bool(r["TTFT speedup"] >= 0.8 or r["TTFT speedup CI"][1] >= 1.0)
-        for _, r in ctrl.iterrows()} or {"no control workload was run": False}, "free when nothing is shared",
-        conditions, CHAPTER, n=int(ctrl["requests"].sum()) if len(ctrl) else 0, unit="requests"))
+    control = "; ".join(
+        f"beside it, not judged: the no-sharing control's TTFT with the cache x{r['TTFT speedup']:.2f} "
+        f"[{r['TTFT speedup CI'][0]:.2f}, {r['TTFT speedup CI'][1]:.2f}] of no cache over {int(r['requests'])} "
+        "requests, timed in one process" for _, r in ctrl.iterrows())
     return decide_parts("C4", "a trie makes shared-prefix hits inevitable and harmless", parts,
-                        "a trie makes shared-prefix cache hits 'inevitable rather than accidental'", conditions,
-                        CHAPTER)
+                        "a trie makes shared-prefix cache hits 'inevitable rather than accidental'",
+                        "; ".join(x for x in (conditions, control) if x), CHAPTER)
 
 
 def measurements(summary: pd.DataFrame, curve: pd.DataFrame, det: pd.DataFrame, replay: pd.DataFrame) -> dict:

@@ -7,7 +7,7 @@ other patterns are read the same way beside it:
   the K/V bytes a step reads (the cache is filled with random keys: a step's work depends on how many
   keys it reads, not on their values; Quest reads its full budget whatever the keys).
 - ``document_quality``: per independent document of real text, the context is prefilled, then the
-  last ``scored`` tokens are teacher-forced (one step at a time where the pattern selects per step)
+  last ``scored`` tokens are teacher-forced (each position reading what its own decode step would)
   and compared with dense (perplexity
   ratio, KL, top-1) at exactly the positions where the patterns differ from dense; then a greedy
   continuation is compared with dense's.
@@ -107,6 +107,13 @@ def decode_rows(model, caches: Sequence, tokens: Sequence[int]) -> torch.Tensor:
         x = torch.full((len(rows.caches), 1), int(t), device=model.device)
         out.append(model(x, rows.begin(1), logits="last").logits[:, -1].float())
     return torch.stack(out, 1)
+
+
+def teacher_forceable(spec: str) -> bool:
+    """Whether a Quest pattern's per-step selections over a known text can be made in one forward
+    (``QuestKVCache.begin_teacher_forced``): when its recent window is at least a page."""
+    p = Pattern.parse(spec)
+    return p.kind == "quest" and p.recent >= p.page
 
 
 def greedy_tokens(model, cache, logits: torch.Tensor, n: int) -> list[int]:
@@ -273,10 +280,10 @@ def document_quality(model, tokenizer, specs: Sequence[str], n_docs: int, n_toke
                      progress: bool = True) -> pd.DataFrame:
     """Per document (``long_text`` with its own seed: the units of the CIs) and pattern.
 
-    The first ``n_tokens - scored`` tokens are prefilled; the last ``scored`` are then fed one decode
-    step at a time to Quest (it selects per step; every Quest budget in one forward, ``decode_rows``)
-    and as one chunk to the fixed-mask arms and dense (the
-    same numbers as step by step: a fixed mask gives each position the same keys either way). Each
+    The first ``n_tokens - scored`` tokens are prefilled; the last ``scored`` are then fed as one chunk
+    to dense and the fixed-mask arms (the same numbers as step by step: a fixed mask gives each position
+    the same keys either way) and to Quest, each position reading its own decode step's selection
+    (``teacher_forceable``; a Quest with recent < page is fed one step at a time, ``decode_rows``). Each
     position's next-token distribution is compared with dense's: perplexity ratio over those positions,
     mean KL(dense || pattern) and top-1 agreement; and every word of the scored text is a task item
     (``studylib.eval.lastword``: the word predicted greedily, all its tokens right), kept per document as
@@ -301,17 +308,21 @@ def document_quality(model, tokenizer, specs: Sequence[str], n_docs: int, n_toke
         spans = lastword.word_spans(tokenizer, tail, min_context=1)
         logp, cont, words, ms = {}, {}, {}, {}
         x = torch.tensor([tail], device=model.device)
-        # Quest selects per decode step: its arms are fed the tail one token at a time, all budgets in one
-        # forward of one row each (the same tokens, each row through its own cache)
-        quest = [sp for sp in caches if Pattern.parse(sp).kind == "quest"]
-        stepped = dict(zip(quest, decode_rows(model, [caches[sp] for sp in quest], tail), strict=True)) if quest else {}
+        # Quest selects per decode step. With recent >= page each position's selection can be made in one
+        # teacher-forced forward (QuestKVCache.begin_teacher_forced: the tests hold it to stepping);
+        # otherwise its arms are fed the tail one token at a time, all such budgets in one forward of one
+        # row each (the same tokens, each row through its own cache)
+        stepwise = [sp for sp in caches if Pattern.parse(sp).kind == "quest" and not teacher_forceable(sp)]
+        stepped = (dict(zip(stepwise, decode_rows(model, [caches[sp] for sp in stepwise], tail), strict=True))
+                   if stepwise else {})
         for spec in rotated(list(caches), doc):
             cache = caches[spec]
             if spec in stepped:
                 logits = stepped[spec]
             else:  # a fixed mask gives every position the same keys in one chunk as one step at a time
+                begin = cache.begin_teacher_forced if teacher_forceable(spec) else cache.begin
                 with torch.inference_mode():
-                    logits = model(x, cache.begin(len(tail)), logits="all").logits[0].float()
+                    logits = model(x, begin(len(tail)), logits="all").logits[0].float()
             logp[spec] = F.log_softmax(logits[:-1], -1)  # predictions of tail[1:]
             words[spec] = lastword.score_logits(logits.argmax(-1), tail, spans)
             t0 = time.perf_counter()
