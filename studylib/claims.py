@@ -303,7 +303,10 @@ def judge_checks(claim_id: str, metric: str, checks: Mapping[str, bool], claimed
                    n=row_n, threshold=None, direction=CHECK, role=role, unit=unit,
                    by_construction=by_construction, confidence=confidence, tried=tried,
                    ci_method=(p.method if p and p.ci is not None and p.method else
-                              CHECK_EXACT if exact else CHECK_OF_CIS))
+                              CHECK_EXACT if exact else CHECK_OF_CIS),
+                   # a shown CI carries its Monte Carlo error like any judged row's, so a reader can see
+                   # how far its bounds move with the resampling seed
+                   mc_error=p.mc_error if p and p.ci is not None else None)
 
 
 _ORDER = {HOLDS: 3, CONDITIONAL: 2, INCONCLUSIVE: 1, FAILS: 0}

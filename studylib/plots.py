@@ -122,25 +122,53 @@ def family_palette(series: Iterable[str], family) -> dict[str, str]:
     return out
 
 
+def _overlap_area(a, b) -> float:
+    """Pixels two boxes share (0 when they only touch or lie apart)."""
+    return max(min(a.x1, b.x1) - max(a.x0, b.x0), 0.0) * max(min(a.y1, b.y1) - max(a.y0, b.y0), 0.0)
+
+
 def label_points(ax, points, fontsize: int = 9) -> None:
-    """Name each point (label, x, y) beside it where the label comes within 3 px of no label placed before:
-    each tries a ring of offsets around its point, nearest first, and keeps the first free one (the last, if
-    none is)."""
+    """Name each point (label, x, y) beside it, inside the axes and 3 px clear of every text already there:
+    the titles, the axis and tick labels, texts put on the axes before, and the labels placed before it. Each
+    tries a ring of offsets around its point, nearest first, and keeps the first free one (if none is, the one
+    that overlaps least)."""
     fig = ax.figure
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     offsets = [(6, 4, "left"), (6, -12, "left"), (-6, 4, "right"), (-6, -12, "right"), (6, 16, "left"),
                (6, -24, "left"), (-6, 16, "right"), (-6, -24, "right"), (0, 28, "center"), (0, -36, "center")]
-    placed = []
+    # Everything the figure check compares a label with: a point right under the title once got its name
+    # drawn over the title, since only the other names were kept clear of.
+    texts = [ax.title, getattr(ax, "_left_title", None), getattr(ax, "_right_title", None), *ax.texts]
+    for axis in (ax.xaxis, ax.yaxis) if ax.axison else ():
+        if axis.get_visible():
+            # the tick labels the last draw placed, as the check reads them (get_ticklabels also lists
+            # stale ones outside the view)
+            texts += [axis.label, *(t for tick in axis._update_ticks() for t in (tick.label1, tick.label2))]
+    # Padded past the figure check's own margin (it calls boxes within 2 px a collision): two padded boxes
+    # that share no pixel are 3 px apart.
+    taken = [t.get_window_extent(renderer).padded(1.5) for t in texts
+             if t is not None and t.get_visible() and str(t.get_text()).strip()]
+    frame = ax.get_window_extent(renderer)
     for label, x, y in sorted(points, key=lambda p: (p[2], p[1])):
+        best = None  # (overlap, annotation, box) of the least bad offset so far
         for dx, dy, ha in offsets:
             ann = ax.annotate(label, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=fontsize, ha=ha)
-            # Padded past the figure check's own margin (it calls boxes within 2 px a collision).
             box = ann.get_window_extent(renderer).padded(1.5)
-            if not any(box.overlaps(b) for b in placed) or (dx, dy, ha) == offsets[-1]:
-                placed.append(box)
+            # a name hanging out of the axes runs into the tick labels or the neighbouring panel: the part
+            # outside counts as overlap too
+            overlap = (sum(_overlap_area(box, b) for b in taken)
+                       + box.width * box.height - _overlap_area(box, frame))
+            if best is None or overlap < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (overlap, ann, box)
+            else:
+                ann.remove()
+            if overlap == 0:
                 break
-            ann.remove()
+        if best is not None:
+            taken.append(best[2])
 
 
 def legend_below(fig, ax, ncol: int = 4) -> None:

@@ -270,3 +270,115 @@ def test_teacher_forcing_refuses_a_recent_window_shorter_than_a_page():
     kmin, kmax = page_summaries(k, 8)
     with pytest.raises(StudylibError, match="recent >= page"):
         teacher_forced_mask(torch.randn(1, 1, 4, 8), kmin, kmax, 76, pattern)
+
+
+def _tf_mask_matches_stepping(q, k, start, pattern):
+    """Assert each row of ``teacher_forced_mask`` is the reference step's mask; return the rows (B, H, n, L)."""
+    from studylib.attention.quest import teacher_forced_mask
+
+    H, Hkv, n = q.shape[1], k.shape[1], q.shape[2]
+    kmin, kmax = page_summaries(k, pattern.page)
+    mask = teacher_forced_mask(q, kmin, kmax, start, pattern).repeat_interleave(H // Hkv, 1)
+    for i in range(n):
+        ref = quest_mask_ref(q[:, :, i:i + 1], k[:, :, :start + i + 1], pattern)[:, :, 0]
+        assert torch.equal(mask[:, :, i, :start + i + 1], ref), i
+        assert not mask[:, :, i, start + i + 1:].any(), i
+    return mask
+
+
+def test_teacher_forced_selection_switches_pages_from_row_to_row_like_stepping():
+    # Page j's keys carry a large value on channel j, so a query pointing at channels a > b makes pages a
+    # and b the top two: each row points elsewhere, and the teacher-forced mask must follow every switch.
+    pattern = Quest(budget=13, page=4, sinks=1, recent=4, dense_layers=0)  # 2 pages a step
+    assert pattern.n_pages == 2
+    B, H, Hkv, D, start, n = 1, 4, 2, 16, 40, 8
+    P, S, R = pattern.page, pattern.sinks, pattern.recent
+    g = torch.Generator().manual_seed(11)
+    k = torch.randint(-1, 2, (B, Hkv, start + n, D), generator=g).float()
+    for j in range(start // P):
+        k[:, :, j * P:(j + 1) * P, j] = 8.0
+    q = torch.zeros(B, H, n, D)
+    for i in range(n):
+        for h in range(H):
+            a, b = (3 * i + h) % 9, (5 * i + 2 * h + 4) % 9
+            q[0, h, i, a] += 4.0
+            q[0, h, i, b] += 2.0 if b != a else 0.0
+    mask = _tf_mask_matches_stepping(q, k, start, pattern)
+    # the pages region no row counts as sink or recent: the selections there must differ between rows
+    region = mask[:, :, :, S:start + 1 - R]
+    switches = [i for i in range(1, n) if not torch.equal(region[:, :, i], region[:, :, i - 1])]
+    assert len(switches) >= n // 2, switches
+    # and each row reads exactly its two pages per KV head (nothing else beyond sinks and recent)
+    G = H // Hkv
+    for i in range(n):
+        for hk in range(Hkv):
+            seen = mask[0, hk * G, i, : start + 1 - R]
+            pages = {s // P for s in range(S, start + 1 - R) if seen[s]}
+            assert len(pages) == 2, (i, hk, pages)
+
+
+@pytest.mark.parametrize("case", ["tied_pages_at_the_cut", "all_keys_equal"])
+def test_teacher_forced_selection_breaks_tied_bounds_like_stepping(case):
+    pattern = Quest(budget=13, page=4, sinks=1, recent=4, dense_layers=0)  # 2 pages a step
+    B, H, Hkv, D, start, n = 1, 4, 2, 8, 40, 6
+    P, S, R = pattern.page, pattern.sinks, pattern.recent
+    g = torch.Generator().manual_seed(5)
+    q = torch.randint(0, 4, (B, H, n, D), generator=g).float()  # >= 0: a larger key max is a larger bound
+    if case == "all_keys_equal":
+        k = torch.ones(B, Hkv, start + n, D)  # every page ties: the lowest candidate pages win
+        want = {0, 1}
+    else:
+        k = torch.randint(-2, 3, (B, Hkv, start + n, D), generator=g).float()
+        k[:, :, 4 * P:5 * P] = 10.0  # page 4 is the clear top
+        block = torch.randint(5, 7, (B, Hkv, P, D), generator=g).float()
+        for j in (7, 2, 5):  # identical keys: tied second place, page 2 must win the tie
+            k[:, :, j * P:(j + 1) * P] = block
+        want = {2, 4}
+    mask = _tf_mask_matches_stepping(q, k, start, pattern)
+    for i in range(n):
+        for h in range(H):
+            seen = mask[0, h, i, : start + 1 - R]
+            assert {s // P for s in range(S, start + 1 - R) if seen[s]} == want, (i, h)
+
+
+def _cache_state(cache):
+    tensors = {"valid": cache.valid, "next_pos": cache.next_pos}
+    for name in ("k", "v", "kmin", "kmax"):
+        for layer, t in enumerate(getattr(cache, name)):
+            tensors[f"{name}{layer}"] = t
+    plain = {a: getattr(cache, a) for a in ("length", "padded", "_start", "_n", "_select", "_teacher_forced")}
+    return {n: t.clone() for n, t in tensors.items()}, plain
+
+
+def _assert_state_unchanged(cache, before):
+    tensors, plain = _cache_state(cache)
+    assert plain == before[1]
+    for name, t in before[0].items():
+        assert torch.equal(tensors[name], t), name
+
+
+def test_a_refused_teacher_forced_call_leaves_the_cache_as_it_was(tiny):
+    cfg = tiny.config
+    spec = "quest:budget=40,page=8,sinks=2,recent=8,dense=0"
+    g = torch.Generator().manual_seed(3)
+    # a padded batch: teacher forcing refuses
+    cache = make_cache(spec, cfg, 120, batch=2)
+    valid = torch.ones(2, 60, dtype=torch.bool)
+    valid[1, :5] = False
+    with torch.inference_mode():
+        tiny(torch.randint(3, 250, (2, 60), generator=g), cache.begin(60, valid=valid))
+    assert cache.padded
+    before = _cache_state(cache)
+    with pytest.raises(StudylibError, match="unpadded"):
+        cache.begin_teacher_forced(10)
+    _assert_state_unchanged(cache, before)
+    # recent < page, and no room for n more tokens: refused up front too
+    for spec, n, why in [("quest:budget=40,page=8,sinks=2,recent=6,dense=0", 10, "recent >= page"),
+                         ("quest:budget=40,page=8,sinks=2,recent=8,dense=0", 61, "raise max_len")]:
+        cache = make_cache(spec, cfg, 120)
+        with torch.inference_mode():
+            tiny(torch.randint(3, 250, (1, 60), generator=g), cache.begin(60))
+        before = _cache_state(cache)
+        with pytest.raises(StudylibError, match=why):
+            cache.begin_teacher_forced(n)
+        _assert_state_unchanged(cache, before)

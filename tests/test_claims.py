@@ -145,6 +145,13 @@ def test_checks_are_all_or_nothing():
     assert v.verdict == FAILS  # a test without power decides nothing in the claim's favour
 
 
+def test_checks_keep_the_monte_carlo_error_of_the_ci_they_show():
+    shown = Estimate(1.8, 1.5, 2.1, 12, [], mc_error=0.013)
+    v = judge_checks("C8", "growth", {"grows": True}, "", "", 7, measured=shown)
+    assert v.ci == (1.5, 2.1) and v.mc_error == pytest.approx(0.013)
+    assert judge_checks("C8", "growth", {"grows": True}, "", "", 7).mc_error is None  # no CI, no error
+
+
 def test_parts_are_decided_by_the_weakest():
     quality = judge_at_least("C7", "quality", est(1.0, 0.995, 1.0), 0.99, ">99%", "", 7)
     latency = judge_at_least("C7", "latency", est(1.6, 1.0, 3.9), 10.0, ">10x", "", 7)

@@ -1,6 +1,7 @@
 """The shared figure style: stable colours per method, CI bands, roofline, number formatting."""
 
 import matplotlib
+import pytest
 
 matplotlib.use("Agg")
 
@@ -197,6 +198,36 @@ def test_point_labels_do_not_overlap():
     plt.close("all")
 
 
+def test_point_labels_keep_off_the_title_the_axis_labels_and_out_of_the_edges():
+    # A real run drew a name over the axes title: its point sat at the top edge, right under the title, and
+    # only the other names were kept clear of. Here three crowd there, one sits in each corner, and a note
+    # put on the axes before holds the middle.
+    from studylib.workbook.figure_check import figure_defects
+
+    fig, ax = plt.subplots(figsize=(5, 3))
+    pts = [(f"config {i}", 4.0 + 0.1 * i, 10.0 - 0.1 * i) for i in range(3)]
+    pts += [("top right", 10.0, 10.0), ("top left", 0.0, 10.0), ("bottom left", 0.0, 0.0), ("middle", 5.0, 4.6),
+            ("bottom right", 10.0, 0.0)]
+    for _, x, y in pts:
+        ax.plot(x, y, "o", clip_on=False)
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 10)
+    ax.set_title("throughput against latency")
+    ax.set_xlabel("latency (ms)")
+    ax.set_ylabel("tokens / s")
+    note = ax.text(5, 5, "a note placed before", ha="center")
+    plots.label_points(ax, pts)
+    assert len(ax.texts) == len(pts) + 1
+    assert figure_defects(fig) == []  # no text within 2 px of another: title, axis and tick labels, names
+    r = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(r)
+    for t in ax.texts:
+        if t is not note:
+            b = t.get_window_extent(r)
+            assert frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1, t.get_text()
+    plt.close("all")
+
+
 def test_a_palette_never_gives_two_names_one_colour():
     from studylib import plots
 
@@ -249,4 +280,21 @@ def test_a_legend_below_keeps_the_entries_of_a_legend_built_from_stand_in_handle
     ax.legend(handles=keys)
     plots.legend_below(fig, ax)
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["holds", "fails"]
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("rates", [[0.5], [0.5, 1.0, 2.0]])
+@pytest.mark.parametrize("scale", [0.02, 0.6, 3.0])
+def test_the_capacity_figure_names_its_slo_clear_of_the_title_wherever_the_probes_sit(rates, scale):
+    """Chapter 5's smoke run, one probe under the SLO, drew 'SLO' over the panel's title; the name now sits
+    inside the axes under the line, however many probes there are and whichever side of the line they fall."""
+    from studylib.experiments.ch05_figures import plot_capacity
+    from studylib.workbook.figure_check import figure_defects
+
+    n = len(rates)
+    probes = pd.DataFrame({"rate": rates, "ttft_p99_s": [0.5 * scale * (i + 1) for i in range(n)],
+                           "tpot_p99_s": [0.05 * scale * (i + 1) for i in range(n)],
+                           "met": [scale < 1] * n, "arm": "continuous+radix"})
+    fig = plot_capacity(probes, {"ttft_s": 0.5, "tpot_s": 0.05})
+    assert figure_defects(fig) == []
     plt.close(fig)

@@ -290,3 +290,16 @@ def test_traces_where_eviction_costs_no_hit_are_not_units():
     assert not idle and est["c"]["n"] == 2 and est["c"]["value"] == pytest.approx(90 / 160)
     est, idle = ch04.eviction_estimates(pd.DataFrame(rows[:12]), 0.95)
     assert idle == ["c"] and not est
+
+
+def test_judge_c4_names_the_pool_fraction_that_ran_where_it_is_not_the_declared_one():
+    """A pool is never below a trace's largest request, so a declared 0.25x can run at 0.8x; a referee read
+    the declared label where the pools held more. The decisive row names the fraction that ran."""
+    from studylib.experiments import ch04_prefix_cache as ch04
+
+    tc = _tc({MT: 0.99, FS: 0.99})
+    assert ch04.realised_pools(tc) == []  # every pool ran at its declared 0.4x
+    tc.loc[tc.condition == FS, "pool blocks"] = [81 + (i % 7) for i in range(int((tc.condition == FS).sum()))]
+    assert ch04.realised_pools(tc) == [f"{FS}: ran at 0.81-0.87x"]
+    rows = ch04.judge_c4(_summary(), _curve(0.99), None, "c", tc)
+    assert f"{FS}: ran at 0.81-0.87x" in rows[1].conditions and f"{MT}: ran at" not in rows[1].conditions

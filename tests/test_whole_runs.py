@@ -480,3 +480,36 @@ def test_a_ratio_over_few_units_is_never_narrower_than_its_t_interval(monkeypatc
     big_den = rng.integers(80, 120, size=st.SMALL_N).astype(float)
     big = st.ratio_of_sums_bounds(big_den * rng.normal(1.0, 0.02, size=st.SMALL_N), big_den, 0.99)
     assert -99.0 < big[0] < big[1] < 99.0
+
+
+def test_every_few_unit_ci_follows_the_same_small_n_rule():
+    """A referee found the small-n rule applied to ratios of sums only: chapter 2's tokens per forward and
+    chapter 7's under-load ratio (10 traces) kept plain BCa. Below SMALL_N units a median, a mean and a paired
+    ratio are each widened to an interval that does not estimate its own corrections from the few units."""
+    from scipy import stats as sps
+
+    from studylib.bench import stats as st
+
+    # the median's order-statistic interval: at n = 10 and 95% it is (x_(2), x_(9)), coverage 1 - 2 P(B <= 1)
+    lo, hi, cov = st.median_order_bounds(np.arange(10.0), 0.95)
+    assert (lo, hi) == (1.0, 8.0) and cov == pytest.approx(1 - 2 * sps.binom.cdf(1, 10, 0.5))
+    assert st.median_order_bounds(np.arange(10.0), 0.99)[:2] == (0.0, 9.0)  # (x_(2), x_(9)) covers 97.9% only
+    rng = np.random.default_rng(5)
+    few = rng.lognormal(0.0, 0.3, size=10)
+    e = st.estimate(few)
+    o_lo, o_hi, _ = st.median_order_bounds(few, 0.95)
+    assert e.ci_low <= o_lo and e.ci_high >= o_hi and "order-statistic" in e.method
+    m = st.estimate(few, np.mean)
+    t_lo, t_hi, _ = st.mean_t_bounds(few, 0.95)
+    assert m.ci_low <= t_lo and m.ci_high >= t_hi and "t interval" in m.method
+    base, treated = rng.lognormal(0.5, 0.2, size=10), rng.lognormal(0.0, 0.2, size=10)
+    r = st.ratio_estimate(base, treated)
+    p_lo, p_hi, _ = st.median_order_bounds(base / treated, 0.95)
+    assert r.ci_low <= p_lo and r.ci_high >= p_hi and "paired ratios" in r.method
+    # at five units no order statistic reaches 95% (min..max covers 93.75%): the CI says so and decides nothing
+    five = st.estimate(few[:5])
+    assert "93.8%" in five.method and five.mc_error >= five.ci_high - five.ci_low
+    # from SMALL_N units on, BCa alone
+    many = rng.lognormal(0.0, 0.3, size=st.SMALL_N)
+    assert st.estimate(many).method == st.BCA and st.estimate(many, np.mean).method == st.BCA
+    assert st.ratio_estimate(many, many[::-1]).method == st.BCA

@@ -357,10 +357,15 @@ class QuestKVCache(DenseKVCache):
     def begin_teacher_forced(self, n: int) -> QuestKVCache:
         """Open a forward over ``n`` known tokens in which each position attends to what its own decode
         step would read (``teacher_forced_attention``): scoring a text costs one forward, not n steps.
-        Only for tokens whose next-token predictions are read, not for prefill."""
-        self.begin(n)
+        Only for tokens whose next-token predictions are read, not for prefill. A refused call (a padded
+        cache, recent < page, or no room for n more tokens) leaves the cache exactly as it was."""
+        P, R = self.pattern.page, self.pattern.recent
         if self.padded:
             raise StudylibError("teacher-forced Quest needs an unpadded cache; score each sequence alone.")
+        if R < P:
+            raise StudylibError(f"{self.pattern.spec}: teacher-forced selection needs recent >= page (a candidate "
+                                "page could hold later keys); feed the tokens one step at a time instead.")
+        self.begin(n)  # checks the room before it changes anything
         self._teacher_forced = self.pattern.selects(self.length)
         return self
 

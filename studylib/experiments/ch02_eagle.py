@@ -211,7 +211,7 @@ def tree_sweep(runner, prompts: Sequence, specs: Sequence[str], max_new_tokens: 
         tree = opts["tree"]
         k = costs.loc[spec]
         sp = ratio_estimate(ar_rows.loc[d.prompt].s_per_token.values, d.s_per_token.values)
-        tps = estimate(d.tokens_per_step)
+        tps = estimate(d.tokens_per_step, np.mean)  # tau is a mean, so its CI is the mean's
         c_model = runner.eagle_cost_ratio(opts["draft"]) if hasattr(runner, "eagle_cost_ratio") else float("nan")
         rows.append({
             "method": spec, "shape": "chain" if TreeSpec(*tree).is_chain else "tree", "depth": tree[0],

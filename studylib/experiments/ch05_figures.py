@@ -92,10 +92,15 @@ def plot_capacity(probes: pd.DataFrame, slo: dict):
         ax.plot(g["rate"], g[y], "-", color="0.6", zorder=1)
         ax.scatter(g["rate"], g[y], c=colors, s=40, zorder=2)
         ax.axhline(slo[key], ls="--", color="0.3", lw=1)
-        ax.annotate("SLO", (g["rate"].min(), slo[key]), textcoords="offset points", xytext=(0, 4), fontsize="small")
+        # Headroom above the SLO line and its name just under it, at the left edge: placed above the line,
+        # the name ran into the panel's title whenever every probe sat below the SLO.
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(lo, max(hi, slo[key] + 0.15 * (slo[key] - lo)))
+        ax.annotate("SLO", (0.01, slo[key]), xycoords=ax.get_yaxis_transform(), textcoords="offset points",
+                    xytext=(0, -3), va="top", fontsize="small")
         ax.set(xlabel="arrival rate (requests / s)", ylabel="seconds", title=title)
-    axes[0].text(0.02, 0.95, "green: inside the SLO, red: outside", transform=axes[0].transAxes, va="top",
-                 fontsize="small")
+    axes[0].text(0.98, 0.95, "green: inside the SLO, red: outside", transform=axes[0].transAxes, va="top",
+                 ha="right", fontsize="small")
     fig.suptitle(f"Capacity search, {g['arm'].iloc[0]}", fontsize="medium")
     fig.tight_layout()
     return plots.tidy(fig)
