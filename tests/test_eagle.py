@@ -240,3 +240,47 @@ def test_acceptance_by_depth_explains_the_levels_a_tree_does_not_have():
     table = acceptance_by_depth(positions)
     assert table.loc[3, "eagle@3"] == 0.1 and pd.isna(table.loc[3, "eagle@2"])
     assert tables.notes(table) == ["Eagle@2: this tree has no level this deep, or no step reached the level above it"]
+
+
+@pytest.fixture(scope="module")
+def block_target():
+    from studylib.models import load_model
+
+    model, _ = load_model("tiny-random", "cpu", "float32", weights="q4_1", act="int8")
+    return model
+
+
+def test_on_a_block_format_target_the_draft_runs_the_targets_arithmetic(block_target):
+    """The draft's linears become Q8_0 blocks in the target's --act, built once per target; the reduced LM head
+    is the target's own block rows. The decoder's output stays AR's, token for token."""
+    from studylib.models.quant import QuantTensor
+
+    model = block_target
+    torch.manual_seed(1)
+    plain = EagleHead(model.config).eval()
+    ids = torch.arange(0, model.config.vocab_size, 3)
+    draft = EagleDraft(plain, ids, TreeSpec(3, 2, 5))
+    run = draft.runtime_head(model)
+    assert run is draft.runtime_head(model) and run is not plain
+    for w in (run.fc.weight, run.layer.self_attn.qkv_weight, run.layer.self_attn.o_proj.weight,
+              run.layer.mlp.gate_up_weight, run.layer.mlp.down_proj.weight):
+        assert type(w) is QuantTensor and (w.fmt, w.act) == (eagle.HEAD_BLOCK_FORMAT, "int8")
+    assert isinstance(plain.fc.weight, torch.nn.Parameter)  # the loaded head itself is left as it was
+    _, rows = draft.projection(model)
+    head_w = model.lm_head.weight
+    assert type(rows) is QuantTensor and rows.act == "int8" and torch.equal(rows.data, head_w.data[ids])
+    # the rounded head computes near the fp32 head, and not the same bits (it really runs on blocks)
+    x, f = torch.randn(1, 4, model.config.hidden_size), torch.randn(1, 4, model.config.hidden_size)
+    with torch.inference_mode():
+        a = plain(x, f, eagle.CausalKV(1, 4, model.device))
+        b = run(x, f, eagle.CausalKV(1, 4, model.device))
+    assert not torch.equal(a, b) and torch.allclose(a, b, atol=0.1 * float(a.abs().max()))
+    res = eagle.generate(model, PROMPT, 24, draft=draft)
+    assert res.token_ids == ar.generate(model, PROMPT, 24).token_ids
+    assert res.extra["draft_arithmetic"] == "q8_0 x int8"
+
+
+def test_on_a_dense_target_the_draft_is_the_head_itself(tiny, head):
+    model, _ = tiny
+    draft = EagleDraft(head, None, TreeSpec(2, 2, 3))
+    assert draft.runtime_head(model) is head and draft.arithmetic(model) == "float32"

@@ -68,6 +68,11 @@ VOCAB_FILE = "eagle_vocab.json"
 
 
 HEAD_KINDS = ("eagle1", "eagle3")
+# On a block-format target the head's linears run as blocks of this format, in the target's activation
+# arithmetic (``EagleDraft.runtime_head``): the format of the target's own embedding and LM head, 1.06 bytes
+# a weight against fp32's 4, so a draft forward reads about a quarter of the bytes it did and runs the
+# target's kernels (int8 dot products under ``--act int8``) instead of fp32 GEMMs.
+HEAD_BLOCK_FORMAT = "q8_0"
 
 
 def fused_layers(config: ModelConfig) -> tuple[int, int, int]:
@@ -127,6 +132,42 @@ class EagleHead(nn.Module):
     @property
     def params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def head_on_blocks(head: EagleHead, act: str, fmt: str = HEAD_BLOCK_FORMAT) -> EagleHead:
+    """A copy of ``head`` whose linears (fc, the layer's fused q/k/v and gate/up, o, down, EAGLE-3's fuse)
+    are ``fmt`` blocks multiplied in ``act``, packed once here; norms and RoPE stay fp32. The draft's output
+    may move (its weights are rounded), the decoder's never does: the target verifies every token."""
+    import copy
+
+    from studylib.models.quant import act_kernel, quantize
+    from studylib.models.weights import QuantLinear
+
+    kernel = act_kernel(act)
+
+    def blocks(w: torch.Tensor):
+        qt = quantize(w.detach().float(), fmt)
+        qt.act = act
+        if kernel is not None:
+            kernel.pack(qt)
+        return qt
+
+    q = copy.deepcopy(head).float()
+    q.fc = QuantLinear(blocks(head.fc.weight), head.fc.bias.detach().float())
+    attn, mlp = q.layer.self_attn, q.layer.mlp
+    if attn.qkv_weight is None:
+        attn.fuse()
+    if mlp.gate_up_weight is None:
+        mlp.fuse()
+    attn.qkv_weight = blocks(attn.qkv_weight)
+    attn.q_proj = attn.k_proj = attn.v_proj = None
+    attn.o_proj = QuantLinear(blocks(attn.o_proj.weight))
+    mlp.gate_up_weight = blocks(mlp.gate_up_weight)
+    mlp.gate_proj = mlp.up_proj = None
+    mlp.down_proj = QuantLinear(blocks(mlp.down_proj.weight))
+    if head.kind == "eagle3":
+        q.fuse = QuantLinear(blocks(head.fuse.weight))
+    return q.eval()
 
 
 class CausalKV:
@@ -342,6 +383,28 @@ class EagleDraft:
     # target model -> {full head?: (ids, rows)}; weak, so a dropped model takes its rows with it
     _projections: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary, repr=False,
                                                     compare=False)
+    # target model -> {(weights, act): the head that runs beside it}
+    _runtime: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary, repr=False,
+                                                compare=False)
+
+    def runtime_head(self, target: LlamaModel) -> EagleHead:
+        """The head as it runs beside ``target``: on block-format weights, on the target's path
+        (``head_on_blocks``: its linears as ``HEAD_BLOCK_FORMAT`` blocks in the target's ``--act``); on dense
+        weights, the head itself. Built once per target and arithmetic."""
+        fmt, act = getattr(target, "weights_format", "dense"), getattr(target, "act", "fp32")
+        if fmt == "dense" or target.device.type != "cpu":
+            return self.head
+        per_target = self._runtime.setdefault(target, {})
+        if (fmt, act) not in per_target:
+            per_target[(fmt, act)] = head_on_blocks(self.head, act)
+        return per_target[(fmt, act)]
+
+    def arithmetic(self, target: LlamaModel) -> str:
+        """How the draft multiplies beside ``target``, for results ("q8_0 x int8", or the head's dtype)."""
+        fmt, act = getattr(target, "weights_format", "dense"), getattr(target, "act", "fp32")
+        if fmt == "dense" or target.device.type != "cpu":
+            return str(self.head.fc.weight.dtype).removeprefix("torch.")
+        return f"{HEAD_BLOCK_FORMAT} x {act}"
 
     def projection(self, target: LlamaModel) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(head ids on the device or None, the LM head rows the draft projects onto), built once per
@@ -350,16 +413,26 @@ class EagleDraft:
         from studylib.models.quant import QuantTensor
 
         per_target = self._projections.setdefault(target, {})
-        key = self.head_ids is None
+        w0 = target.lm_head.weight
+        key = (self.head_ids is None, getattr(w0, "act", None))  # apply_act may change the arithmetic later
         cached = per_target.get(key)
         if cached is None:
             w = target.lm_head.weight
             if self.head_ids is None:
                 cached = (None, w)
+            elif type(w) is QuantTensor:
+                # the target's own block rows, in its arithmetic: the reduced head reads 1.06 bytes a weight
+                from studylib.models.quant import act_kernel
+
+                ids = self.head_ids.to(target.device)
+                rows = QuantTensor(w.data[ids.cpu()].contiguous(), w.fmt, (len(ids), w.shape[1]), w.prefill_dtype,
+                                   w.act)
+                if act_kernel(w.act) is not None:
+                    act_kernel(w.act).pack(rows)
+                cached = (ids, rows)
             else:
                 ids = self.head_ids.to(target.device)
-                rows = w.rows(ids) if type(w) is QuantTensor else w.detach()[ids]
-                cached = (ids, rows.to(target.dtype).contiguous())
+                cached = (ids, w.detach()[ids].to(target.dtype).contiguous())
             per_target[key] = cached
         return cached
 
@@ -384,8 +457,18 @@ class EagleDraft:
         c = target.config
         rows = c.vocab_size if self.head_ids is None else len(self.head_ids)
         fuse = 3 * c.hidden_size * c.hidden_size if self.head.kind == "eagle3" else 0  # per committed row
-        return (layer_cost(target, 1) - c.vocab_size * c.hidden_size + rows * c.hidden_size
-                + 2 * c.hidden_size * c.hidden_size + fuse) / layer_cost(target)
+        body = layer_cost(target, 1) - c.vocab_size * c.hidden_size + 2 * c.hidden_size * c.hidden_size + fuse
+        if getattr(target, "weights_format", "dense") == "dense" or target.device.type != "cpu":
+            return (body + rows * c.hidden_size) / layer_cost(target)
+        # on block weights, bytes: the head's linears as HEAD_BLOCK_FORMAT blocks (runtime_head), its rows the
+        # target's own, against every weight byte the target's step reads
+        from studylib.models.quant import FORMATS
+        from studylib.models.weights import weight_bytes
+
+        head_w = target.lm_head.weight
+        per_head_weight = head_w.nbytes / (head_w.shape[0] * head_w.shape[1])
+        per_weight = FORMATS[HEAD_BLOCK_FORMAT][1] / 32
+        return (body * per_weight + rows * c.hidden_size * per_head_weight) / weight_bytes(target)
 
     def describe(self) -> str:
         return f"{self.name}@{self.tree.label()}"
@@ -396,6 +479,7 @@ class _Session:
 
     def __init__(self, draft: EagleDraft, target: LlamaModel, capacity: int):
         self.d, self.target = draft, target
+        self.head = draft.runtime_head(target)
         self.ids, self.w_head = draft.projection(target)
         slack = draft.tree.depth * draft.tree.topk + 1
         self.kv = DraftKV(draft.head.config, capacity + slack, target.device, target.dtype)
@@ -405,12 +489,12 @@ class _Session:
         """Draft rows (R, H) for pairs (feats[r], tokens[r]) -> predicted features (R, H)."""
         ids = torch.as_tensor(list(tokens), dtype=torch.long, device=feats.device)
         emb = self.target.model.embed_tokens(ids[None])  # (1, R, H); a block-format embedding dequantises
-        out = self.d.head(emb, feats[None].to(emb.dtype), self.kv.open(positions, visible))[0]
+        out = self.head(emb, feats[None].to(emb.dtype), self.kv.open(positions, visible))[0]
         self.forwards += 1
         return out
 
     def _logp(self, h: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(linear(self.d.head.readout(h), self.w_head).float(), -1)  # (R, N)
+        return torch.log_softmax(linear(self.head.readout(h), self.w_head).float(), -1)  # (R, N)
 
     def _token(self, idx: torch.Tensor) -> torch.Tensor:
         return idx if self.ids is None else self.ids[idx]
@@ -502,7 +586,7 @@ def generate(
     dev = model.device
     prompt = [int(t) for t in prompt_ids]
     cache = DenseKVCache(model.config, 1, cap, dev, model.dtype)
-    head = drafter.head
+    head = drafter.runtime_head(model)
     logits, hid = _target_features(model, torch.tensor([prompt], device=dev), cache.begin(len(prompt)),
                                    head.feature_layers, "last")
     feats = head.lift(hid)
@@ -551,7 +635,7 @@ def generate(
     per_pos = [reach[d] / reach[d - 1] if reach[d - 1] else None for d in range(1, spec.depth + 1)]
     extra = {
         "draft": drafter.describe(), "tree": [spec.depth, spec.topk, spec.nodes],
-        "accepted_depths": depth_hist, "per_position_acceptance": per_pos,
+        "draft_arithmetic": drafter.arithmetic(model), "accepted_depths": depth_hist, "per_position_acceptance": per_pos,
         "mean_accepted": (sum(lengths) - steps) / steps if steps else None,
         "draft_forwards": session.forwards, "draft_s": draft_s, "verify_s": verify_s,
         "verify_tokens": spec.nodes + 1,
