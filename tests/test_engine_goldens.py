@@ -32,6 +32,8 @@ def test_engine_computes_its_golden_bits(case):
     if not g.runnable(case, cpu_flags()):
         pytest.skip("this CPU lacks the path")
     want = g.expected(GOLDENS, g.key(case), THIS_CLASS)
+    if not want:  # the recorded classes agree on nothing, tokens included: nothing to hold this class to
+        pytest.skip(f"no part of {g.key(case)} is shared by the recorded CPU classes; record {THIS_CLASS}")
     got = g.fingerprint(case)
     assert {part: got[part] for part in want} == want
 

@@ -162,11 +162,15 @@ def estimate(samples: Sequence[float], statistic: Callable = np.median, units: S
     data = [float(x) for x in unit_means(samples, units)]
     lo, hi, mc = bootstrap_interval(data, statistic, confidence=confidence)
     method = BCA
-    if 2 <= len(data) < SMALL_N and statistic in _SMALL_N_BOUNDS and not np.all(np.asarray(data) == data[0]):
+    arr = np.asarray(data, dtype=float)
+    if 2 <= arr.size < SMALL_N and statistic in _SMALL_N_BOUNDS and np.all(np.isfinite(arr)) and not np.all(arr == arr[0]):
         s_lo, s_hi, coverage, how = _SMALL_N_BOUNDS[statistic](np.asarray(data), confidence)
         lo, hi = min(lo, s_lo), max(hi, s_hi)
         method = f"{BCA}; below {SMALL_N} units, widened to {how} where that is wider"
-        if coverage < confidence:  # even the widest such interval falls short of the level: it decides nothing
+        if coverage < confidence:
+            # even the widest such interval falls short of the level: its bounds carry the interval's width as
+            # their error, so a bound must clear a bar by a whole width (a row under its minimum units is
+            # inconclusive anyway)
             mc = max(mc, hi - lo)
             method += f" (which covers only {coverage:.1%} at n={len(data)})"
     return Estimate(float(statistic(np.asarray(data))) if data else float("nan"), lo, hi, len(data), data,
@@ -200,12 +204,15 @@ def ratio_estimate(baseline: Sequence[float], treated: Sequence[float], seed: in
         keep[i] = True
     lo, hi, mc = bca_bounds(point, boots, np.array(jack), confidence)
     method = BCA
-    if b.size < SMALL_N:
-        # the distribution-free interval of the paired ratios' median: it assumes nothing the few pairs
-        # cannot show, where BCa estimates its own corrections from them
+    if b.size < SMALL_N and np.all(np.isfinite(b / t)):
+        # A guard, not this statistic's own interval: the ratio of medians has no distribution-free interval,
+        # so below SMALL_N pairs its CI is made to span at least the order-statistic interval of the paired
+        # ratios' median (the typical pair's speed-up), which assumes nothing the few pairs cannot show where
+        # BCa estimates its own corrections from them.
         s_lo, s_hi, coverage = median_order_bounds(b / t, confidence)
         lo, hi = min(lo, s_lo), max(hi, s_hi)
-        method = f"{BCA}; below {SMALL_N} units, widened to the order-statistic interval of the paired ratios' median"
+        method = (f"{BCA}; below {SMALL_N} units, widened to span the order-statistic interval of the paired "
+                  "ratios' median")
         if coverage < confidence:
             mc = max(mc, hi - lo)
             method += f" (which covers only {coverage:.1%} at n={b.size})"

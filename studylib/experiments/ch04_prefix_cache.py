@@ -499,7 +499,8 @@ def judge_c4(summary: pd.DataFrame, curve: pd.DataFrame, det: pd.DataFrame, cond
     notes = [family]
     moved = realised_pools(tc) if len(tc) else []
     if moved:
-        notes.append("pools never below a trace's largest request, so these ran above their declared fraction: "
+        notes.append("a pool is never below a trace's largest request, so these ran at another fraction than "
+                     "declared: "
                      + "; ".join(moved))
     if idle:
         notes.append(f"eviction costs no trace a hit at {', '.join(idle)}: nothing there tests the policy, so it is "

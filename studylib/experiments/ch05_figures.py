@@ -96,8 +96,10 @@ def plot_capacity(probes: pd.DataFrame, slo: dict):
         # the name ran into the panel's title whenever every probe sat below the SLO.
         lo, hi = ax.get_ylim()
         ax.set_ylim(lo, max(hi, slo[key] + 0.15 * (slo[key] - lo)))
+        # under the line, unless the line sits near the floor (then above it, still inside the axes)
+        low = (slo[key] - lo) < 0.15 * (ax.get_ylim()[1] - lo)
         ax.annotate("SLO", (0.01, slo[key]), xycoords=ax.get_yaxis_transform(), textcoords="offset points",
-                    xytext=(0, -3), va="top", fontsize="small")
+                    xytext=(0, 3 if low else -3), va="bottom" if low else "top", fontsize="small")
         ax.set(xlabel="arrival rate (requests / s)", ylabel="seconds", title=title)
     axes[0].text(0.98, 0.95, "green: inside the SLO, red: outside", transform=axes[0].transAxes, va="top",
                  ha="right", fontsize="small")
