@@ -196,12 +196,19 @@ static inline __m256i dot4(__m256i acc, __m256i w, __m256i xb, int fmt) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, xb), _mm256_set1_epi16(1)));
 #endif
 }
+/* Halves h0 .. h1 - 1 of a group (8 weight rows each) for R rows of x. Both halves in one pass over the
+ * blocks where R is small: the group then streams from memory once instead of twice (the second pass had
+ * re-read it from L2), 10-13% off a one-row call on an AVX2 EPYC (benchmarks/int8_kernel_bytes.py). Each
+ * accumulator sees its blocks in the same order either way, so the bits do not change. */
 static inline __attribute__((always_inline)) void half_tile(int fmt, const xq_t *x, int r0, int R, int K,
-                                                            const uint8_t *wg, int half, float out[][GN]) {
+                                                            const uint8_t *wg, int h0, int h1, float out[][GN]) {
     const int nb = K / QK, rec = record_bytes(fmt);
-    __m256 acc[MAXR8];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
+    __m256 accs[2][MAXR8];
+    for (int h = h0; h < h1; h++)
+        for (int r = 0; r < R; r++) accs[h][r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++)
+    for (int half = h0; half < h1; half++) {
+        __m256 *acc = accs[half];
         const uint8_t *rp = wg + (size_t)b * rec, *qd = rp + qoff(fmt) + 32 * half;
         __m256i w[8];
         if (fmt == Q8_0) {
@@ -249,7 +256,8 @@ static inline __attribute__((always_inline)) void half_tile(int fmt, const xq_t 
             if (fmt == Q4_1) acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(mm, _mm256_set1_ps(x->sx[xi])));
         }
     }
-    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r] + 8 * half, acc[r]);
+    for (int h = h0; h < h1; h++)
+        for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r] + 8 * h, accs[h][r]);
 }
 static void group_simd(int fmt, const xq_t *x, int r0, int R, int K, const uint8_t *wg, float out[][GN]) {
     for (int s0 = 0; s0 < R; s0 += MAXR8) {
@@ -258,10 +266,10 @@ static void group_simd(int fmt, const xq_t *x, int r0, int R, int K, const uint8
         const int rr = r0 + s0;
         switch (fmt * 10 + Rs) {
 #define CASES(F) \
-    case F * 10 + 1: half_tile(F, x, rr, 1, K, wg, 0, o); half_tile(F, x, rr, 1, K, wg, 1, o); break; \
-    case F * 10 + 2: half_tile(F, x, rr, 2, K, wg, 0, o); half_tile(F, x, rr, 2, K, wg, 1, o); break; \
-    case F * 10 + 3: half_tile(F, x, rr, 3, K, wg, 0, o); half_tile(F, x, rr, 3, K, wg, 1, o); break; \
-    case F * 10 + 4: half_tile(F, x, rr, 4, K, wg, 0, o); half_tile(F, x, rr, 4, K, wg, 1, o); break;
+    case F * 10 + 1: half_tile(F, x, rr, 1, K, wg, 0, 2, o); break; \
+    case F * 10 + 2: half_tile(F, x, rr, 2, K, wg, 0, 2, o); break; \
+    case F * 10 + 3: half_tile(F, x, rr, 3, K, wg, 0, 1, o); half_tile(F, x, rr, 3, K, wg, 1, 2, o); break; \
+    case F * 10 + 4: half_tile(F, x, rr, 4, K, wg, 0, 1, o); half_tile(F, x, rr, 4, K, wg, 1, 2, o); break;
             CASES(Q4_0) CASES(Q4_1) CASES(Q8_0)
 #undef CASES
             default: break;
