@@ -164,16 +164,9 @@ def estimate(samples: Sequence[float], statistic: Callable = np.median, units: S
     method = BCA
     arr = np.asarray(data, dtype=float)
     if 2 <= arr.size < SMALL_N and statistic in _SMALL_N_BOUNDS and np.all(np.isfinite(arr)) and not np.all(arr == arr[0]):
-        s_lo, s_hi, coverage, how = _SMALL_N_BOUNDS[statistic](np.asarray(data), confidence)
-        lo, hi = min(lo, s_lo), max(hi, s_hi)
-        method = f"{BCA}; below {SMALL_N} units, widened to {how} where that is wider"
-        if coverage < confidence:
-            # even the widest such interval falls short of the level: its bounds carry the interval's width as
-            # their error, so a bound must clear a bar by a whole width (a row under its minimum units is
-            # inconclusive anyway)
-            mc = max(mc, hi - lo)
-            method += f" (which covers only {coverage:.1%} at n={len(data)})"
-    return Estimate(float(statistic(np.asarray(data))) if data else float("nan"), lo, hi, len(data), data,
+        s_lo, s_hi, coverage, how = _SMALL_N_BOUNDS[statistic](arr, confidence)
+        lo, hi, mc, method = _widened(lo, hi, mc, s_lo, s_hi, coverage, confidence, how, arr.size)
+    return Estimate(float(statistic(arr)) if data else float("nan"), lo, hi, len(data), data,
                     confidence=confidence, method=method, mc_error=mc)
 
 
@@ -209,13 +202,8 @@ def ratio_estimate(baseline: Sequence[float], treated: Sequence[float], seed: in
         # so below SMALL_N pairs its CI is made to span at least the order-statistic interval of the paired
         # ratios' median (the typical pair's speed-up), which assumes nothing the few pairs cannot show where
         # BCa estimates its own corrections from them.
-        s_lo, s_hi, coverage = median_order_bounds(b / t, confidence)
-        lo, hi = min(lo, s_lo), max(hi, s_hi)
-        method = (f"{BCA}; below {SMALL_N} units, widened to span the order-statistic interval of the paired "
-                  "ratios' median")
-        if coverage < confidence:
-            mc = max(mc, hi - lo)
-            method += f" (which covers only {coverage:.1%} at n={b.size})"
+        lo, hi, mc, method = _widened(lo, hi, mc, *median_order_bounds(b / t, confidence), confidence,
+                                      "span the order-statistic interval of the paired ratios' median", b.size)
     return Estimate(point, lo, hi, int(b.size), (b / t).tolist(), confidence=confidence, method=method,
                     mc_error=mc)
 
@@ -289,6 +277,20 @@ def ratio_of_sums_bounds(num: Sequence[float], den: Sequence[float], confidence:
         t_lo, t_hi = ratio_t_bounds(a, b, confidence)
         lo, hi = min(lo, t_lo), max(hi, t_hi)
     return lo, hi, mc
+
+
+def _widened(lo: float, hi: float, mc: float, s_lo: float, s_hi: float, coverage: float, confidence: float,
+             how: str, n: int) -> tuple[float, float, float, str]:
+    """A bootstrap interval (lo, hi, its Monte Carlo error mc) widened to (s_lo, s_hi) where that is wider:
+    (low, high, error, method). Where even the widest such interval falls short of the level, its bounds carry
+    the interval's width as their error, so a bound must clear a bar by a whole width (a row under its minimum
+    units is inconclusive anyway)."""
+    lo, hi = min(lo, s_lo), max(hi, s_hi)
+    method = f"{BCA}; below {SMALL_N} units, widened to {how} where that is wider"
+    if coverage < confidence:
+        mc = max(mc, hi - lo)
+        method += f" (which covers only {coverage:.1%} at n={n})"
+    return lo, hi, mc, method
 
 
 # Below SMALL_N units a median's or mean's bootstrap CI is widened to these (low, high, coverage, name).

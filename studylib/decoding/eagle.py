@@ -134,6 +134,11 @@ class EagleHead(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
+def on_blocks(target: LlamaModel) -> bool:
+    """Whether a draft beside ``target`` runs on its block path (block-format weights on the CPU)."""
+    return getattr(target, "weights_format", "dense") != "dense" and target.device.type == "cpu"
+
+
 def head_on_blocks(head: EagleHead, act: str, fmt: str = HEAD_BLOCK_FORMAT) -> EagleHead:
     """A copy of ``head`` whose linears (fc, the layer's fused q/k/v and gate/up, o, down, EAGLE-3's fuse)
     are ``fmt`` blocks multiplied in ``act``, packed once here; norms and RoPE stay fp32. The draft's output
@@ -141,7 +146,7 @@ def head_on_blocks(head: EagleHead, act: str, fmt: str = HEAD_BLOCK_FORMAT) -> E
     import copy
 
     from studylib.models.quant import act_kernel, quantize
-    from studylib.models.weights import QuantLinear
+    from studylib.models.weights import QuantLinear, install_layer
 
     kernel = act_kernel(act)
 
@@ -159,12 +164,8 @@ def head_on_blocks(head: EagleHead, act: str, fmt: str = HEAD_BLOCK_FORMAT) -> E
         attn.fuse()
     if mlp.gate_up_weight is None:
         mlp.fuse()
-    attn.qkv_weight = blocks(attn.qkv_weight)
-    attn.q_proj = attn.k_proj = attn.v_proj = None
-    attn.o_proj = QuantLinear(blocks(attn.o_proj.weight))
-    mlp.gate_up_weight = blocks(mlp.gate_up_weight)
-    mlp.gate_proj = mlp.up_proj = None
-    mlp.down_proj = QuantLinear(blocks(mlp.down_proj.weight))
+    install_layer(q.layer, blocks(attn.qkv_weight), blocks(attn.o_proj.weight), blocks(mlp.gate_up_weight),
+                  blocks(mlp.down_proj.weight))
     if head.kind == "eagle3":
         q.fuse = QuantLinear(blocks(head.fuse.weight))
     return q.eval()
@@ -391,9 +392,9 @@ class EagleDraft:
         """The head as it runs beside ``target``: on block-format weights, on the target's path
         (``head_on_blocks``: its linears as ``HEAD_BLOCK_FORMAT`` blocks in the target's ``--act``); on dense
         weights, the head itself. Built once per target and arithmetic."""
-        fmt, act = getattr(target, "weights_format", "dense"), getattr(target, "act", "fp32")
-        if fmt == "dense" or target.device.type != "cpu":
+        if not on_blocks(target):
             return self.head
+        fmt, act = target.weights_format, getattr(target, "act", "fp32")
         per_target = self._runtime.setdefault(target, {})
         if (fmt, act) not in per_target:
             per_target[(fmt, act)] = head_on_blocks(self.head, act)
@@ -401,10 +402,9 @@ class EagleDraft:
 
     def arithmetic(self, target: LlamaModel) -> str:
         """How the draft multiplies beside ``target``, for results ("q8_0 x int8", or the head's dtype)."""
-        fmt, act = getattr(target, "weights_format", "dense"), getattr(target, "act", "fp32")
-        if fmt == "dense" or target.device.type != "cpu":
+        if not on_blocks(target):
             return str(self.head.fc.weight.dtype).removeprefix("torch.")
-        return f"{HEAD_BLOCK_FORMAT} x {act}"
+        return f"{HEAD_BLOCK_FORMAT} x {getattr(target, 'act', 'fp32')}"
 
     def projection(self, target: LlamaModel) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(head ids on the device or None, the LM head rows the draft projects onto), built once per
@@ -427,8 +427,9 @@ class EagleDraft:
                 ids = self.head_ids.to(target.device)
                 rows = QuantTensor(w.data[ids.cpu()].contiguous(), w.fmt, (len(ids), w.shape[1]), w.prefill_dtype,
                                    w.act)
-                if act_kernel(w.act) is not None:
-                    act_kernel(w.act).pack(rows)
+                kernel = act_kernel(w.act)
+                if kernel is not None:
+                    kernel.pack(rows)
                 cached = (ids, rows)
             else:
                 ids = self.head_ids.to(target.device)
@@ -458,7 +459,7 @@ class EagleDraft:
         rows = c.vocab_size if self.head_ids is None else len(self.head_ids)
         fuse = 3 * c.hidden_size * c.hidden_size if self.head.kind == "eagle3" else 0  # per committed row
         body = layer_cost(target, 1) - c.vocab_size * c.hidden_size + 2 * c.hidden_size * c.hidden_size + fuse
-        if getattr(target, "weights_format", "dense") == "dense" or target.device.type != "cpu":
+        if not on_blocks(target):
             return (body + rows * c.hidden_size) / layer_cost(target)
         # on block weights, bytes: the head's linears as HEAD_BLOCK_FORMAT blocks (runtime_head), its rows the
         # target's own, against every weight byte the target's step reads

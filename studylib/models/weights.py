@@ -131,17 +131,22 @@ def apply_act(model, act: str):
     return model
 
 
+def install_layer(layer, qkv: QuantTensor, o: QuantTensor, gate_up: QuantTensor, down: QuantTensor) -> None:
+    """Swap a decoder layer's linears for block weights (fused q/k/v and gate/up), dropping the dense ones."""
+    attn, mlp = layer.self_attn, layer.mlp
+    attn.qkv_weight = qkv
+    attn.q_proj = attn.k_proj = attn.v_proj = None
+    attn.o_proj = QuantLinear(o)
+    mlp.gate_up_weight = gate_up
+    mlp.gate_proj = mlp.up_proj = None
+    mlp.down_proj = QuantLinear(down)
+
+
 def _install(model, t: dict[str, QuantTensor]) -> None:
     """Swap in block weights and drop the dense ones (no dequantised copy is kept)."""
     model._fused = False  # the dense fused copies are gone; .to() must not rebuild them
     for i, layer in enumerate(model.model.layers):
-        attn, mlp = layer.self_attn, layer.mlp
-        attn.qkv_weight = t[f"{i}.qkv"]
-        attn.q_proj = attn.k_proj = attn.v_proj = None
-        attn.o_proj = QuantLinear(t[f"{i}.o"])
-        mlp.gate_up_weight = t[f"{i}.gate_up"]
-        mlp.gate_proj = mlp.up_proj = None
-        mlp.down_proj = QuantLinear(t[f"{i}.down"])
+        install_layer(layer, t[f"{i}.qkv"], t[f"{i}.o"], t[f"{i}.gate_up"], t[f"{i}.down"])
     model.model.embed_tokens = QuantEmbedding(t["embed"])
     model.lm_head = QuantLinear(t.get("head", t["embed"]))
 

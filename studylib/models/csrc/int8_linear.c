@@ -198,7 +198,8 @@ static inline __m256i dot4(__m256i acc, __m256i w, __m256i xb, int fmt) {
 }
 /* Halves h0 .. h1 - 1 of a group (8 weight rows each) for R rows of x. Both halves in one pass over the
  * blocks where R is small: the group then streams from memory once instead of twice (the second pass had
- * re-read it from L2), 10-13% off a one-row call on an AVX2 EPYC (benchmarks/int8_kernel_bytes.py). Each
+ * re-read it from L2): about 9% off a one-row call and 11% off two rows on an AVX2 EPYC
+ * (benchmarks/int8_kernel_bytes.py). Each
  * accumulator sees its blocks in the same order either way, so the bits do not change. */
 static inline __attribute__((always_inline)) void half_tile(int fmt, const xq_t *x, int r0, int R, int K,
                                                             const uint8_t *wg, int h0, int h1, float out[][GN]) {
