@@ -18,9 +18,11 @@ setup: .venv/.installed
 reproduce: setup
 	.venv/bin/studylib reproduce --profile $(PROFILE)
 
+# Two pytest workers (the machine class has two cores); the chapter notebooks share one of them, in order
+# (xdist_group "notebooks"), while the other runs everything else.
 test: setup
 	$(PY) -m ruff check studylib tests benchmarks
-	$(PY) -m pytest -q -m "not gpu"
+	$(PY) -m pytest -q -m "not gpu" -n 2 --dist loadgroup
 
 lab: setup
 	.venv/bin/jupyter lab --notebook-dir=notebooks

@@ -5,7 +5,13 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
+
+# make test runs two pytest workers on two cores, and a chapter notebook's kernel beside the other worker:
+# OpenMP threads that spin while waiting would take the core from the other process. Set before torch
+# loads its OpenMP runtime; the notebook kernels inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 # One thread by default: tests assert behaviour, not speed, and several pytest processes sharing two
 # cores with multi-threaded OpenMP spin-waits slow each other down by orders of magnitude.

@@ -81,3 +81,15 @@ def test_the_printed_book_breaks_no_number_in_its_tables():
     assert numbers, "no number in the printed tables: the check reads nothing"
     broken = sorted(w for w in numbers if w not in tokens)
     assert not broken, f"{len(broken)} table numbers print broken or lost: {broken[:12]}"
+
+
+def test_the_printed_book_shows_every_exercise_command_whole():
+    """A command printed past the page's right edge is lost ("-p dtype=bfl"): each exercise command of
+    book.html is found whole in book.pdf's text (wrapping inside it is allowed; squashed, it reads the same)."""
+    text = _squash(" ".join(p.extract_text() or "" for p in _reader().pages))
+    page = _printed((BOOK / "book.html").read_text(encoding="utf-8"))
+    commands = [html.unescape(re.sub(r"<[^>]+>", "", c)) for c in re.findall(r"<pre[^>]*>(.*?)</pre>", page, flags=re.S)]
+    lines = [ln.strip() for c in commands for ln in c.splitlines() if "studylib reproduce" in ln]
+    assert lines, "book.html prints no exercise command"
+    cut = [ln for ln in lines if _squash(ln) not in text]
+    assert not cut, f"{len(cut)} exercise commands do not print whole, e.g. {cut[:2]}"

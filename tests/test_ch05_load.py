@@ -69,7 +69,9 @@ def test_capacity_search_brackets_then_bisects_in_log_rate():
 
 def test_capacity_search_edges_and_table():
     slo = {"ttft_s": 1.0}
-    none = load.capacity_search(None, None, [], ("static", "none"), slo, 1.0, 8.0, run_probe=fake_probe(0.5))
+    # the floor at rate_lo: nothing below the range is tried
+    none = load.capacity_search(None, None, [], ("static", "none"), slo, 1.0, 8.0, rate_floor=1.0,
+                                run_probe=fake_probe(0.5))
     assert none.capacity is None and none.bracket == (None, 1.0) and len(none.probes) == 1
     top = load.capacity_search(None, None, [], ("continuous", "radix"), slo, 1.0, 8.0, run_probe=fake_probe(50))
     assert top.capacity == 8.0 and top.censored and len(top.probes) == 2
@@ -91,6 +93,30 @@ def test_capacity_search_edges_and_table():
         kw = dict(slo=slo, rate_lo=1.0, rate_hi=8.0, probes=4, run_probe=fake_probe(3.0)) | bad
         with pytest.raises(StudylibError):
             load.capacity_search(None, None, [], ("continuous", "none"), **kw)
+
+
+def test_capacity_search_steps_down_below_a_failed_range_then_bisects():
+    """The committed run's search stopped after one probe: the lowest rate missed the SLO and nothing lower
+    was tried. Now it steps down by the range's factor until a rate meets the SLO, then bisects."""
+    calls = []
+    res = load.capacity_search(None, None, [], ("continuous", "radix"), {"ttft_s": 1.0}, rate_lo=4.0,
+                               rate_hi=8.0, probes=5, run_probe=fake_probe(1.5, calls), rate_floor=0.5)
+    assert calls[:3] == [4.0, 2.0, 1.0]  # a factor of 2 (the range's) per step down
+    assert calls[3] == pytest.approx(2 ** 0.5)  # then the geometric middle of (1, 2)
+    assert res.capacity == pytest.approx(2 ** 0.5) and res.bracket[1] == pytest.approx(2 ** 0.75)
+    assert res.capacity <= 1.5 < res.bracket[1] and not res.censored
+    assert list(res.probes["met"]) == [r <= 1.5 for r in calls]
+    # the floor stops the descent: 4, 2, 1 fail, and 0.5 is below a floor of 0.6
+    low = load.capacity_search(None, None, [], ("continuous", "radix"), {"ttft_s": 1.0}, 4.0, 8.0, probes=6,
+                               rate_floor=0.6, run_probe=fake_probe(0.3))
+    assert list(low.probes["rate"]) == [4.0, 2.0, 1.0] and low.capacity is None and low.bracket == (None, 1.0)
+    # the probe budget stops it too; the default floor is one range below rate_lo (4 / 2 = 2)
+    short = load.capacity_search(None, None, [], ("continuous", "radix"), {"ttft_s": 1.0}, 4.0, 8.0, probes=6,
+                                 run_probe=fake_probe(0.3))
+    assert list(short.probes["rate"]) == [4.0, 2.0] and short.capacity is None
+    with pytest.raises(StudylibError, match="rate_floor"):
+        load.capacity_search(None, None, [], ("continuous", "radix"), {"ttft_s": 1.0}, 4.0, 8.0, rate_floor=5.0,
+                             run_probe=fake_probe(0.3))
 
 
 def test_capacity_search_runs_the_real_engine(tiny):

@@ -71,6 +71,18 @@ def test_capacity_is_bounded_against_sequentials_service_rate():
     assert "at least 8.0x" in load.explain_capacity(cap, _sat(seq_rps=0.5), {"ttft_s": 1.0, "tpot_s": 0.1}, 3.0)
 
 
+def test_a_capacity_below_every_probe_says_what_bounds_it():
+    slo = {"ttft_s": 0.23, "tpot_s": 0.02}
+    probes = pd.DataFrame([{"arm": "continuous+radix", "probe": k, "rate": r, "met": False, "requests": 200,
+                            "completed": 200, "ttft_p99_s": t, "tpot_p99_s": 0.015, "throughput_tok_s": 80.0}
+                           for k, (r, t) in enumerate([(4.0, 0.40), (2.0, 0.30)])])
+    cap = load.Capacity("continuous+radix", None, (None, 2.0), probes, slo)
+    text = load.explain_capacity(cap, _sat(seq_rps=0.5), slo, 3.0)
+    assert "down to 2.00 requests/s, 4.00x sequential" in text and "2 probes" in text
+    assert "p99 TTFT 0.3 s against 0.23 s (1.30x the limit)" in text and "TPOT" not in text.split("At that")[1]
+    assert "capacity is below that" in text
+
+
 def test_chapter7_reads_chapter5s_serving_rows(tmp_path):
     assert sys7.serving_from_chapter5(tmp_path) is None  # chapter 5 has not run here
     runs = pd.DataFrame([{"arm": a, "rate": math.inf, "repeat": k, "requests": 64,

@@ -260,3 +260,34 @@ def test_needle_grid_below_n_is_an_illustration():
     plt.close(fig)
     big = _needle(5)  # 10 trials per cell
     assert CAPTION_KEY not in needle_summary(big).attrs and "illustration" not in explain_needle(big)
+
+
+@pytest.mark.parametrize("rows", [
+    # the smoke run that failed CI: one prompt, a chain of 3 and a tree of 5; the one-line title ran wider
+    # than its panel and over the top tick label
+    [("eagle@2", "chain", 3, 2.150, 1.981, 1.188), ("eagle@3,2,4", "tree", 5, 1.575, 1.397, 1.117)],
+    [("eagle@3", "chain", 4, 1.30, 1.21, 1.9), ("eagle@6", "chain", 7, 1.12, 1.05, 2.4),
+     ("eagle@4,2,6", "tree", 7, 1.41, 1.30, 2.6), ("eagle@5,3,10", "tree", 11, 1.33, 1.20, 2.9),
+     ("eagle@5,4,16", "tree", 17, 1.10, 1.02, 3.1), ("eagle@6,4,24", "tree", 25, 0.84, 0.80, 3.2)],
+])
+def test_tree_figure_has_no_defect_and_joins_each_shape(rows):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from studylib import plots
+    from studylib.experiments.ch02_eagle import tree_figure
+    from studylib.workbook.figure_check import figure_defects
+
+    sweep = pd.DataFrame(rows, columns=["method", "shape", "verify_tokens", "speedup", "predicted_speedup",
+                                        "model_accelerator_speedup"]).assign(prompts=1)
+    with matplotlib.rc_context():  # the workbook style for this figure only: other tests draw with the defaults
+        plots.setup()
+        ax = tree_figure(sweep, title=ill.title_for("EAGLE: speed-up against tokens verified per step", sweep))
+        assert figure_defects(ax.figure) == []
+    # a shape's points join up: each (series, shape) line runs through every verify size of that shape
+    sizes = {shape: sorted(g.verify_tokens) for shape, g in sweep.groupby("shape")}
+    drawn = sorted(sorted(ln.get_xdata()) for ln in ax.lines if len(ln.get_xdata()) and ln.get_linestyle() != ":")
+    assert sorted(sz for sz in sizes.values() for _ in range(3)) == drawn
+    import matplotlib.pyplot as plt
+
+    plt.close(ax.figure)

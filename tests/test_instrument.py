@@ -66,5 +66,44 @@ def test_a_chapter_page_shows_its_own_lines_and_the_front_page_all(tmp_path):
 
 
 def test_no_results_no_card(tmp_path):
-    assert instrument.card(tmp_path) == {"bandwidth": None, "lines": []}
+    assert instrument.card(tmp_path) == {"bandwidth": None, "lines": [], "notes": [], "defects": []}
     assert instrument.block(tmp_path) == ""
+
+
+def _two_chapters(tmp_path, ch5_context: int, ch5_step: float, ch5_kv_same: bool = False):
+    _write(tmp_path, 1, {"step_vs_rows": [{"rows": 1, "ms": 7.0, "ms_low": 6.9, "ms_high": 7.1, "n": 10,
+                                           "engine": "gguf int8", "kernel": "amx"}]}, {"context": 128})
+    _write(tmp_path, 3, {"step_time_curve": [{"T": 1, "seconds": ch5_step / 1e3}]},
+           {"weights": "gguf", "act": "int8", "curve_context": ch5_context, "curve_repeats": 3})
+
+
+def test_one_quantity_with_two_values_needs_a_reason(tmp_path):
+    # chapter 1 and chapter 3 time the same one-row step (gguf, int8, dense KV, context 128): 7.0 and 6.0 ms
+    # disagree, and nothing says why
+    _two_chapters(tmp_path, 128, 6.0)
+    c = instrument.card(tmp_path)
+    assert len(c["defects"]) == 1 and "7 (chapter 1) and 6 (chapter 3)" in c["defects"][0]
+    assert "no reason" in c["defects"][0] and not c["notes"]
+    from studylib.workbook.page_check import book_defects
+
+    assert book_defects(tmp_path)["instrument card"] == c["defects"]
+    # a reason given for the pair turns the defect into a note the card prints
+    instrument.REASONS[("step", 1, 3)] = "chapter 3 times its step in a sweep over rows."
+    try:
+        c = instrument.card(tmp_path)
+        assert not c["defects"] and c["notes"][0]["text"].endswith("Chapter 3 times its step in a sweep over rows.")
+        assert "one-row decode step 7 against 6" in c["notes"][0]["text"]
+        assert "Chapter 3 times its step" in instrument.block(tmp_path, 3)
+    finally:
+        del instrument.REASONS[("step", 1, 3)]
+
+
+def test_a_condition_that_differs_is_stated_and_values_that_agree_say_nothing(tmp_path):
+    _two_chapters(tmp_path, 256, 8.0)  # another context: a note naming it, no defect
+    c = instrument.card(tmp_path)
+    assert not c["defects"] and "context: 128 tokens against 256 tokens" in c["notes"][0]["text"]
+    assert "context: 128 tokens against 256 tokens" in instrument.block(tmp_path)  # the front page's card
+    assert "context: 128 tokens against 256 tokens" in instrument.block(tmp_path, 1)
+    _two_chapters(tmp_path, 128, 7.2)  # within 5% of each other: one value, no note
+    c = instrument.card(tmp_path)
+    assert not c["defects"] and not c["notes"]

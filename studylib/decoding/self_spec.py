@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 
 import torch
@@ -180,6 +181,8 @@ def choose_skip_layers(
     best = max(steps[1:], key=lambda s: s["predicted_speedup"])
     info = {"layers": best["skipped"], "path": steps, "single": [single[i] for i in range(n)], "budget": budget, "new_tokens": new_tokens,
             "model": model.config.name}
-    if use_cache:
-        path.write_text(json.dumps(info, indent=1))
+    if use_cache:  # whole or not at all: a reader in another process never sees half a file
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(info, indent=1))
+        os.replace(tmp, path)
     return best["skipped"], info

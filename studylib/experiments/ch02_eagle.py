@@ -255,13 +255,41 @@ def explain_engine(costs: pd.DataFrame, engine: str) -> str:
             "computed row by row in that engine's fused kernel, so verify cost grows with the tree.")
 
 
+TREE_SERIES = {"speedup": "measured (this CPU)", "predicted_speedup": "predicted from measured c, v (this CPU)",
+               "model_accelerator_speedup": "model: memory-bound accelerator (v = 1), same tau"}
+
+
 def tree_long(sweep: pd.DataFrame) -> pd.DataFrame:
-    """Measured and predicted speedup against verify size, and the accelerator model, in long form."""
-    cols = {"speedup": "measured (this CPU)", "predicted_speedup": "predicted from measured c, v (this CPU)",
-            "model_accelerator_speedup": "model: memory-bound accelerator (v = 1), same tau"}
-    out = sweep.melt(id_vars=["verify_tokens", "shape"], value_vars=list(cols), var_name="series", value_name="x AR")
-    out["series"] = out.series.map(cols) + " - " + out["shape"]
+    """Measured and predicted speedup against verify size, and the accelerator model, in long form: one row
+    per (shape, verify size, series)."""
+    out = sweep.melt(id_vars=["verify_tokens", "shape"], value_vars=list(TREE_SERIES), var_name="series",
+                     value_name="x AR")
+    out["series"] = out.series.map(TREE_SERIES)
     return out
+
+
+def tree_figure(sweep: pd.DataFrame, title: str):
+    """Speed-up against tokens verified per step: one colour per series (measured, predicted, modelled), one
+    line style per shape (chain, tree), so a shape's points join up along its verify sizes. Tidied like
+    every workbook figure (the title wraps to its panel, the legend moves off the data)."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    from studylib import plots
+
+    long = tree_long(sweep)
+    ax = plt.subplots(figsize=plots.FIGSIZE)[1]
+    sns.lineplot(data=long, x="verify_tokens", y="x AR", hue="series", style="shape", markers=True,
+                 palette=plots.palette(long.series.unique()), errorbar=None, ax=ax)
+    # seaborn heads each legend section ("series", "shape") with an entry of its own; the entries say enough
+    handles, labels = ax.get_legend_handles_labels()
+    kept = [(h, lab) for h, lab in zip(handles, labels, strict=True) if lab not in ("series", "shape")]
+    ax.legend(*zip(*kept, strict=True), fontsize="small")
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("tokens verified per step")
+    ax.set_ylabel("speed-up over AR")
+    ax.set_title(title)
+    return plots.tidy(ax)
 
 
 def explain_trees(sweep: pd.DataFrame) -> str:

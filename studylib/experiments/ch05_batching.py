@@ -36,7 +36,7 @@ ANCHORS = [
     {"system": "vLLM (PagedAttention + continuous batching)", "result": "2-4x throughput vs. Orca / FasterTransformer "
      "at equal latency", "model": "OPT-13B..175B, LLaMA-13B", "hardware": "A100", "source": "Kwon et al., SOSP 2023"},
     {"system": "seed document (C7)", "result": "8-12x throughput", "model": "unspecified", "hardware": "unspecified",
-     "source": "seeds/000 (abstract, 1.3)"},
+     "source": "the source document (abstract, section 1.3)"},
     {"system": "EAGLE-3 in SGLang", "result": "speculative gain 1.81x at batch 2 -> 1.38x at batch 64",
      "model": "LLaMA-3.1-8B", "hardware": "H100", "source": "Li et al. 2025 (EAGLE-3)"},
 ]
@@ -55,8 +55,10 @@ def chapter_workload(tokenizer, n: int, max_new_tokens: int, min_new_tokens: int
 
 def workload_frame(items: Sequence[WorkloadItem], tokenizer) -> pd.DataFrame:
     reqs = to_requests(list(items), tokenizer)
-    return pd.DataFrame({"prompt_tokens": [len(r.prompt_ids) for r in reqs],
-                         "max_new_tokens": [r.max_new_tokens for r in reqs]}).describe().T[["mean", "min", "50%", "max"]]
+    sizes = {"prompt (tokens)": [len(r.prompt_ids) for r in reqs],
+             "output budget (tokens)": [r.max_new_tokens for r in reqs]}
+    return pd.DataFrame([{"": name, "mean": float(np.mean(v)), "min": int(np.min(v)), "median": float(np.median(v)),
+                          "max": int(np.max(v))} for name, v in sizes.items()])
 
 
 def _row(arm: str, scheduler: str, prefix: str, rate: float, repeat: int, summary: Mapping, run) -> dict:

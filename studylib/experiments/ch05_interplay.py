@@ -329,7 +329,6 @@ def explain_c8(c8: pd.DataFrame, gamma: int, verify_tokens: int | None = None) -
 
 def vllm_status(vllm: dict | None, out_dir: str | Path) -> str:
     """A sentence saying whether the vLLM peer ran on these requests, and how to run it if not."""
-    where = reports_folder(out_dir) / "peers" / "vllm_cpu.json"
     if vllm is None:
         peer = _vllm_file(out_dir)
         elsewhere = other_machine(peer) if peer is not None else None
@@ -339,7 +338,7 @@ def vllm_status(vllm: dict | None, out_dir: str | Path) -> str:
         return ("vLLM CPU: not measured here (no vLLM run has left its results beside this chapter's). It runs from "
                 "its own virtual environment on the requests exported below; the README's Peers section says how.")
     n = vllm.get("requests")
-    return (f"vLLM CPU {vllm.get('vllm_version', '')}: read from {where.name}, {n} requests served "
+    return (f"vLLM CPU {vllm.get('vllm_version', '')}: read from the peer's results beside this chapter's, {n} requests served "
             f"{'with' if vllm.get('prefix_caching') else 'without'} prefix caching.")
 
 

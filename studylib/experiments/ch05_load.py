@@ -173,7 +173,8 @@ def _meets(row: Mapping, slo: Mapping) -> bool:
 
 def capacity_search(model, tokenizer, items: Sequence[WorkloadItem], arm: Sequence, slo: Mapping[str, float],
                     rate_lo: float, rate_hi: float, probes: int = 6, seed: int = 0, engine: Mapping | None = None,
-                    *, run_probe: Callable[[float], Mapping] | None = None, progress: bool | None = None) -> Capacity:
+                    *, rate_floor: float | None = None, run_probe: Callable[[float], Mapping] | None = None,
+                    progress: bool | None = None) -> Capacity:
     """The arm's capacity: the highest Poisson arrival rate (requests/s) at which it keeps p99 TTFT <=
     ``slo["ttft_s"]`` and p99 TPOT <= ``slo["tpot_s"]`` with every request completed (the measure of
     Sarathi-Serve and DistServe: throughput alone hides latency, a latency at one rate hides how much
@@ -181,8 +182,12 @@ def capacity_search(model, tokenizer, items: Sequence[WorkloadItem], arm: Sequen
 
     Every probe is one real run of all ``items`` (pass >= 200 so a p99 rests on a few requests) at a
     seeded Poisson rate; the same seed at every rate gives the same arrival pattern, rescaled in time.
-    The search probes ``rate_lo`` (if it fails: capacity None), then ``rate_hi`` (if it passes: capacity
-    >= rate_hi, ``censored``; widen the range), then bisects the bracket in log-rate space, at most
+    The search probes ``rate_lo``. If that fails, it steps down by the range's own factor
+    (``rate_hi / rate_lo``) while probes remain and the rate stays >= ``rate_floor`` (default: one step
+    below ``rate_lo``'s range, ``rate_lo`` squared over ``rate_hi``), until a rate meets the SLO; if none
+    does, the capacity is None and is below the lowest rate probed. If ``rate_lo`` passes, it probes
+    ``rate_hi`` (if that passes too: capacity >= rate_hi, ``censored``; widen the range). Then it bisects
+    the bracket between the highest rate met and the lowest failed above it, in log-rate space, at most
     ``probes`` runs in all. The answer is known to within the final bracket, and p99s at a rate near the
     capacity are noisy: a probe just below it can fail by chance. ``run_probe(rate)`` replaces the real
     run (tests): it returns a mapping with ``ttft_p99_s``, ``tpot_p99_s``, ``throughput_tok_s`` and
@@ -194,6 +199,10 @@ def capacity_search(model, tokenizer, items: Sequence[WorkloadItem], arm: Sequen
         raise StudylibError(f"need 0 < rate_lo < rate_hi < inf requests/s, got {rate_lo} and {rate_hi}.")
     if probes < 2:
         raise StudylibError(f"probes must be >= 2 (the two ends of the range), got {probes}.")
+    step = float(rate_hi) / float(rate_lo)
+    floor = float(rate_lo) / step if rate_floor is None else float(rate_floor)
+    if not 0 < floor <= rate_lo:
+        raise StudylibError(f"need 0 < rate_floor <= rate_lo, got rate_floor={rate_floor} and rate_lo={rate_lo}.")
     label = arm_label(arm)
     if run_probe is None:
         config = _config(arm, engine)
@@ -213,20 +222,30 @@ def capacity_search(model, tokenizer, items: Sequence[WorkloadItem], arm: Sequen
         return row["met"]
 
     lo, hi = float(rate_lo), float(rate_hi)
-    if not probe(lo):
-        capacity, bracket = None, (None, lo)
-    elif probe(hi):
-        capacity, bracket = hi, (hi, None)
+    met: float | None = None  # the highest rate that met the SLO
+    if probe(lo):
+        met = lo
+        if probe(hi):
+            met, hi = hi, None
     else:
+        # below the range: step down (one range's factor at a time) until a rate meets the SLO
+        hi = lo
+        while len(rows) < probes and hi / step >= floor * (1 - 1e-9):
+            if probe(hi / step):
+                met = hi / step
+                break
+            hi /= step
+    if met is not None and hi is not None:
+        lo = met
         while len(rows) < probes:
             mid = math.sqrt(lo * hi)
             if probe(mid):
                 lo = mid
             else:
                 hi = mid
-        capacity, bracket = lo, (lo, hi)
+        met = lo
     bar.close()
-    return Capacity(label, capacity, bracket, pd.DataFrame(rows), slo)
+    return Capacity(label, met, (met, hi), pd.DataFrame(rows), slo)
 
 
 def capacity_table(results: Sequence[Capacity] | Mapping[str, Capacity], baseline: str | None = None) -> pd.DataFrame:
@@ -379,7 +398,7 @@ def cache_aware_comparison(model, tokenizer, items: Sequence[WorkloadItem], rate
         model, tokenizer, items, max_running, int(cfg.get("block_size", 16)))
     cfg.update(max_running=max_running, kv_budget_mib=budget)
     arms = [("FCFS", ("continuous", "radix", {"cache_aware": False})),
-            (f"LPM (max_bypass={max_bypass})", ("continuous", "radix", {"cache_aware": True, "max_bypass": max_bypass}))]
+            (f"LPM (a request waits behind at most {max_bypass} bypassing)", ("continuous", "radix", {"cache_aware": True, "max_bypass": max_bypass}))]
     rows = []
     for name, arm in progress_bar(arms, progress=progress, desc="ch05 cache-aware", leave=False):
         reqs, run = _serve(model, tokenizer, items, _config(arm, cfg), rate, seed)
@@ -560,13 +579,31 @@ def explain_capacity(cap: Capacity, saturation: pd.DataFrame, slo: Mapping, tpot
     head = (f"SLO: p99 TPOT <= {slo['tpot_s'] * 1e3:.0f} ms ({tpot_factor:g}x this machine's single-request TPOT) "
             f"and p99 TTFT <= {slo['ttft_s']:.2f} s (MLPerf's interactive TTFT:TPOT ratio of 450:40). ")
     if cap.capacity is None:
-        return head + (f"{cap.arm} missed the SLO even at the lowest probed rate, "
-                       f"{cap.probes['rate'].min():.2f} requests/s, so its capacity is below that.")
+        return head + _capacity_bound(cap, t.sequential_service_rate_req_s)
     bound = "at least " if cap.censored else ""
     return head + (f"{cap.arm} sustains {bound}{cap.capacity:.2f} requests/s inside it "
                    f"({len(cap.probes)} probes of {int(cap.probes['requests'].iloc[0])} requests); sequential "
                    f"serving completes at most {t.sequential_service_rate_req_s:.2f} requests/s, so the capacity "
                    f"gain is at least {t.capacity_gain_at_least:.1f}x.")
+
+
+def _capacity_bound(cap: Capacity, service_rate: float) -> str:
+    """Why no rate met the SLO, from the lowest probe: which limit it missed and by how much, at what load."""
+    low = cap.probes.loc[cap.probes["rate"].idxmin()]
+    missed = []
+    if low.get("completed") is not None and low.get("requests") is not None and low["completed"] < low["requests"]:
+        missed.append(f"{int(low['completed'])} of {int(low['requests'])} requests completed")
+    for key, col, unit, scale in (("ttft_s", "ttft_p99_s", "s", 1.0), ("tpot_s", "tpot_p99_s", "ms", 1e3)):
+        value = low.get(col)
+        if key in cap.slo and value is not None and not pd.isna(value) and value > cap.slo[key]:
+            name = key.split("_")[0].upper()
+            missed.append(f"p99 {name} {value * scale:.3g} {unit} against {cap.slo[key] * scale:.3g} {unit} "
+                          f"({value / cap.slo[key]:.2f}x the limit)")
+    load = f"{low['rate'] / service_rate:.2f}x sequential serving's service rate" if service_rate else "its load"
+    return (f"{cap.arm} missed the SLO at every rate probed ({len(cap.probes)} probes, down to "
+            f"{low['rate']:.2f} requests/s, {load}), so its capacity is below that. At that rate: "
+            f"{'; '.join(missed) or 'the SLO was missed'}. Lower rates were not probed: each takes longer "
+            f"(the same requests arrive further apart), and the search stops at its floor or its probe budget.")
 
 
 def latency_table(rows: pd.DataFrame) -> pd.DataFrame:

@@ -484,14 +484,20 @@ def _alt_texts(body: str, captions: Sequence[str]) -> str:
 def _readable_output(out: Any) -> None:
     """Put a raw pandas table that a notebook displayed (before the formatting layer existed, or from a
     frame it printed directly) through ``studylib.workbook.tables``; anything else stays as it is."""
-    from studylib.workbook.tables import frame_from_html, to_html
+    from studylib.workbook.tables import frame_from_html, to_html, words
 
     data = out.get("data") or {}
     markup = data.get("text/html")
     if not markup:
         return
     markup = "".join(markup) if isinstance(markup, list) else markup
-    if 'class="dataframe' not in markup or "studylib-table" in markup:
+    if "studylib-table" in markup:
+        # formatted when the chapter ran; a cell that is one identifier ("few_shot", from a run before the
+        # formatting layer gave identifiers words) gets its words now, every other cell stays as it ran
+        data["text/html"] = re.sub(r"(<td[^>]*>)\s*([a-z][a-z0-9_]*)\s*(</td>)",
+                                   lambda m: m.group(1) + html.escape(words(m.group(2))) + m.group(3), markup)
+        return
+    if 'class="dataframe' not in markup:
         return
     df = frame_from_html(markup)
     if df is not None:
@@ -642,8 +648,8 @@ def write_print_page(out: Path, chapters: Sequence[tuple[int, str]]) -> Path:
              "@page { size: A4; margin: 11mm 12mm; } "
              # the front matter's every-verdict table prints in its compact form (no conditions column)
              "section.front details.all { display: none; } section.front .print-only { display: block; } "
-             "@media print { body { font-size: 8.8pt; line-height: 1.26; } "
-             "img { max-width: 58% !important; display: block; margin: 0.3em auto; break-inside: avoid; } "
+             "@media print { body { font-size: 8.6pt; line-height: 1.24; } "
+             "img { max-width: 50% !important; display: block; margin: 0.3em auto; break-inside: avoid; } "
              "section.front img { max-width: 100% !important; } "
              "h1 { font-size: 17pt; } h2 { font-size: 13pt; } h3 { font-size: 11pt; } "
              "p.print-note { color: #555; font-size: 8pt; margin: 0.2em 0; } "
@@ -652,6 +658,10 @@ def write_print_page(out: Path, chapters: Sequence[tuple[int, str]]) -> Path:
              "section th, section td { overflow-wrap: normal !important; } } "
              # the front matter's wide tables (the card, every verdict) scroll on a screen as on the front page
              ".table-wrap { max-width: 100%; overflow-x: auto; } pre.cmd { white-space: pre-wrap; overflow-wrap: anywhere; } "
+             # a command block (the exercises') wraps on paper rather than running off the page's right edge
+             "section pre { white-space: pre-wrap; overflow-wrap: anywhere; } "
+             # the card prints once, whole, in the front matter: a chapter's own copy of its lines is left out
+             "section.chapter div.instrument { display: none; } "
              ".input_area pre { white-space: pre-wrap; } section.front h2 { break-after: avoid; } ")
     toc = "".join(f"<li><a href='#ch{c:02d}'>{html.escape(t)}</a></li>" for c, t in chapters)
     from pygments.formatters import HtmlFormatter

@@ -38,10 +38,13 @@ KIND_TITLES = {
 
 
 def _line(kind: str, chapter: int, what: str, value: float, low: float | None = None, high: float | None = None,
-          n: int | None = None, how: str = "", **extra: Any) -> dict[str, Any]:
+          n: int | None = None, how: str = "", cond: Mapping[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """One number of the card. ``cond``: what it is a number of, as fields the comparison reads (IDENTITY:
+    which engine and which drafter; CONDITION: the context, the KV cache, what the rows are, what a cost is
+    counted in)."""
     ci = [float(low), float(high)] if _finite(low, high) else None
     return {"kind": kind, "chapter": chapter, "what": what, "value": float(value), "ci": ci,
-            "n": None if n is None else int(n), "how": how, **extra}
+            "n": None if n is None else int(n), "how": how, "cond": dict(cond or {}), **extra}
 
 
 def _engine(params: Mapping[str, Any]) -> str:
@@ -49,6 +52,20 @@ def _engine(params: Mapping[str, Any]) -> str:
     if weights and weights != "dense":
         return f"{weights} weights, {act or 'fp32'} arithmetic"
     return f"dense {params.get('dtype', 'float32')}"
+
+
+def _engine_named(name: str) -> str:
+    """An engine as chapters 1 and 8 name it ("gguf int8", "gguf", "dense", "q4_1@bf16") in ``_engine``'s
+    words, so that one engine reads the same on every line."""
+    weights, _, act = str(name).replace("@", " ").partition(" ")
+    return _engine({"weights": weights, "act": act.strip() or None})
+
+
+# The fields a line's ``cond`` may carry. Two lines are one quantity when kind, k and IDENTITY agree; they
+# are then the same measurement when CONDITION agrees too, and must agree in value unless a reason is given.
+IDENTITY = ("engine", "draft")
+CONDITION = ("context", "kv", "rows", "per")
+CONDITION_WORDS = {"context": "context", "kv": "KV cache", "rows": "rows", "per": "unit"}
 
 
 # ------------------------------------------------------------------------------------------ readers
@@ -74,10 +91,13 @@ def _steps_and_v(chapter: int, data: Mapping[str, Any]) -> list[dict]:
         for r in m.get("step_vs_rows") or []:
             where = f"{r.get('engine')} ({r.get('kernel') or r.get('path')}), context {p.get('context')}"
             how = f"median of {r.get('n') or reps} interleaved repeats in one process"
+            cond = {"engine": _engine_named(r.get("engine") or "dense"), "context": p.get("context"),
+                    "kv": "dense", "rows": "k rows of one sequence"}
             if r.get("rows") == 1 and _finite(r.get("ms")):
-                out.append(_line("step", 1, where, r["ms"], r.get("ms_low"), r.get("ms_high"), r.get("n"), how))
+                out.append(_line("step", 1, where, r["ms"], r.get("ms_low"), r.get("ms_high"), r.get("n"), how,
+                                 cond))
             elif _finite(r.get("v")):
-                out.append(_line("v", 1, where, r["v"], r.get("v_low"), r.get("v_high"), r.get("n"), how,
+                out.append(_line("v", 1, where, r["v"], r.get("v_low"), r.get("v_high"), r.get("n"), how, cond,
                                  k=int(r["rows"])))
     elif chapter == 2:
         # the EAGLE heads also ran on a second engine: the GGUF's weights with fp32 activations
@@ -85,38 +105,48 @@ def _steps_and_v(chapter: int, data: Mapping[str, Any]) -> list[dict]:
         for r in m.get("eagle_gguf_costs") or []:
             if _finite(r.get("ar_ms_per_token")):
                 out.append(_line("step", 2, f"AR on {second}, chat prompts", r["ar_ms_per_token"],
-                                 how="AR's time per token over the prompts, one process"))
+                                 how="AR's time per token over the prompts, one process",
+                                 cond={"engine": second, "context": "the chat prompts' own", "kv": "dense",
+                                       "per": "a generated token (prefill included)"}))
                 break
         for r in m.get("eagle_trees") or []:
             if _finite(r.get("v")) and r.get("verify_tokens"):
                 out.append(_line("v", 2, f"{r['method']} verification on {_engine(p)}", r["v"],
-                                 how="one process, over the chapter's prompts", k=int(r["verify_tokens"])))
+                                 how="one process, over the chapter's prompts", k=int(r["verify_tokens"]),
+                                 cond={"engine": _engine(p), "draft": r["method"], "context": "the prompts' own",
+                                       "kv": "dense", "rows": "a draft tree's rows, under its tree mask"}))
         for r in m.get("eagle_gguf_costs") or []:
             if _finite(r.get("v")):
                 out.append(_line("v", 2, f"{r['method']} verification on {second}", r["v"],
-                                 how="one process, over the chapter's chat prompts"))
+                                 how="one process, over the chapter's chat prompts",
+                                 cond={"engine": second, "draft": r["method"], "context": "the chat prompts' own",
+                                       "kv": "dense", "rows": "a draft tree's rows, under its tree mask"}))
     elif chapter == 3:
         rows = [r for r in m.get("step_time_curve") or [] if _finite(r.get("seconds"))]
         base = next((r for r in rows if r.get("T") == 1), None)
         where = f"{_engine(p)}, context {p.get('curve_context')}"
         how = f"median of {p.get('curve_repeats')} repeats in one process"
+        cond = {"engine": _engine(p), "context": p.get("curve_context"), "kv": "dense",
+                "rows": "k rows of one sequence"}
         if base:
             out.append(_line("step", 3, where, 1e3 * base["seconds"], 1e3 * base.get("lo", float("nan")),
-                             1e3 * base.get("hi", float("nan")), p.get("curve_repeats"), how))
+                             1e3 * base.get("hi", float("nan")), p.get("curve_repeats"), how, cond))
         for r in rows:
             if r is not base and _finite(r.get("relative")):
-                out.append(_line("v", 3, where, r["relative"], how=how, k=int(r["T"])))
+                out.append(_line("v", 3, where, r["relative"], how=how, cond=cond, k=int(r["T"])))
     elif chapter == 5:
         rows = [r for r in m.get("c8") or [] if _finite(r.get("step_ms"))]
         one = next((r for r in rows if r.get("batch") == 1), None)
         where = f"{_engine(p)}, {p.get('step_context')}-token context per sequence"
         how = f"median of {p.get('step_repeats')} repeats in one process"
+        cond = {"engine": _engine(p), "context": p.get("step_context"),
+                "kv": "paged (the serving engine's block view)", "rows": "k sequences, one token each"}
         if one:
-            out.append(_line("step", 5, where, one["step_ms"], n=p.get("step_repeats"), how=how))
+            out.append(_line("step", 5, where, one["step_ms"], n=p.get("step_repeats"), how=how, cond=cond))
             for r in rows:
                 if r is not one:
                     out.append(_line("v", 5, where + " (k sequences, one token each)", r["step_ms"] / one["step_ms"],
-                                     how=how, k=int(r["batch"])))
+                                     how=how, cond=cond, k=int(r["batch"])))
     elif chapter == 6:
         dense: dict[int, list[float]] = {}
         for r in m.get("decode") or []:
@@ -124,17 +154,21 @@ def _steps_and_v(chapter: int, data: Mapping[str, Any]) -> list[dict]:
                 dense.setdefault(int(r["seq_len"]), []).append(float(r["ms_per_token"]))
         for ctx, vals in sorted(dense.items()):
             out.append(_line("step", 6, f"dense attention, {_engine(p)} per-op, context {ctx}",
-                             statistics.median(vals), n=len(vals), how=f"median of {len(vals)} repeats in one process"))
+                             statistics.median(vals), n=len(vals), how=f"median of {len(vals)} repeats in one process",
+                             cond={"engine": _engine(p) + " on the per-op path", "context": ctx, "kv": "dense"}))
     elif chapter == 8:
         rows = [r for r in m.get("step_cost") or [] if _finite(r.get("ms"))]
         for r in rows:
             prefix = f"a {p['step_prefix']}-token prefix" if p.get("step_prefix") else "the chapter's fixed prefix"
             where = f"{r['arm']}, after {prefix}"
             how = f"median of {r.get('n') or p.get('step_repeats')} interleaved repeats in one process"
+            cond = {"engine": _engine_named(r["arm"]), "context": p.get("step_prefix") or "the chapter's fixed prefix",
+                    "kv": "dense", "rows": "k rows of one sequence"}
             if r.get("rows") == 1:
-                out.append(_line("step", 8, where, r["ms"], r.get("ms_low"), r.get("ms_high"), r.get("n"), how))
+                out.append(_line("step", 8, where, r["ms"], r.get("ms_low"), r.get("ms_high"), r.get("n"), how,
+                                 cond))
             elif _finite(r.get("verify_cost")):
-                out.append(_line("v", 8, where, r["verify_cost"], how=how, k=int(r["rows"])))
+                out.append(_line("v", 8, where, r["verify_cost"], how=how, cond=cond, k=int(r["rows"])))
     return out
 
 
@@ -145,24 +179,107 @@ def _costs(chapter: int, data: Mapping[str, Any]) -> list[dict]:
         for r in m.get("draft_table") or []:
             if _finite(r.get("measured_c")):
                 out.append(_line("c", 2, f"draft {r['draft']} on {_engine(p)}", r["measured_c"],
-                                 how="its forward over the target's, timed in one process"))
+                                 how="its forward over the target's, timed in one process",
+                                 cond={"engine": _engine(p), "draft": str(r["draft"]),
+                                       "per": "one-row target steps"}))
         for rows, engine in ((m.get("eagle_trees") or [], _engine(p)),
                              (m.get("eagle_gguf_costs") or [], "gguf weights, fp32 arithmetic")):
             for r in rows:
                 if _finite(r.get("c")):
                     out.append(_line("c", 2, f"{r['method']} head on {engine}", r["c"],
-                                     how="one head forward over one target step, one process"))
+                                     how="one head forward over one target step, one process",
+                                     cond={"engine": engine, "draft": r["method"], "per": "one-row target steps"}))
     elif chapter == 5:
         s = m.get("speculative_inputs") or {}
         if _finite(s.get("draft_cost")):
             out.append(_line("c", 5, f"{s.get('drafter')} (read from {s.get('source') or 'chapter 2'})",
-                             s["draft_cost"], how="read from chapter 2's results, not measured here"))
+                             s["draft_cost"], how="read from chapter 2's results, not measured here",
+                             cond={"engine": _engine(p), "draft": s.get("drafter"), "per": "one-row target steps",
+                                   "read_from": 2}))
     elif chapter == 7:
         a = m.get("alpha") or {}
         if _finite(a.get("cost_ratio")):
+            draft = str(p.get("draft") or "").split(":")
             out.append(_line("c", 7, f"the stack's drafter ({a.get('source') or 'chapter 7'})", a["cost_ratio"],
-                             how=f"over {a.get('requests')} requests, one process"))
+                             how=f"over {a.get('requests')} requests, one process",
+                             cond={"engine": _engine(p), "draft": ":".join(draft[:2]) if len(draft) > 1 else None,
+                                   # the speculative decoder's own ratio: a draft forward over a verify forward
+                                   # of gamma + 1 rows, not over a one-row step
+                                   "per": "verify steps (gamma + 1 rows each)"}))
     return out
+
+
+# A pair of lines of one quantity under the same conditions whose values still differ, with the reason:
+# (kind, chapter, chapter) -> why. None yet: each one found so far differed in a condition, which the card
+# states by itself.
+REASONS: dict[tuple[str, int, int], str] = {}
+# Two values agree when their CIs overlap, or (without both CIs) when they are within this share of each other.
+AGREE = 0.05
+
+
+def _agree(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    if a.get("ci") and b.get("ci"):
+        return a["ci"][0] <= b["ci"][1] and b["ci"][0] <= a["ci"][1]
+    return abs(a["value"] - b["value"]) <= AGREE * max(abs(a["value"]), abs(b["value"]))
+
+
+def _quantity(x: Mapping[str, Any]) -> tuple:
+    return (x["kind"], x.get("k"), *(str(x["cond"].get(f)) for f in IDENTITY))
+
+
+def _condition_words(field: str, value: Any) -> str:
+    return f"{value}" if field != "context" or not isinstance(value, int) else f"{value} tokens"
+
+
+def compare(lines: Iterable[Mapping[str, Any]]) -> tuple[list[dict], list[str]]:
+    """Every quantity the card prints more than once with values that disagree, as (notes, defects).
+
+    A note says why two values of one quantity (kind, k, engine, drafter) differ: the conditions that differ
+    (context, KV cache, what the rows are, what a cost is counted in), or a reason in REASONS. A defect is a
+    pair under the same conditions whose values disagree with no reason given: the check that one quantity
+    is never printed with two values and no reason. A line read from another chapter is that chapter's
+    number, not a second value."""
+    groups: dict[tuple, list[Mapping[str, Any]]] = {}
+    for x in lines:
+        if x["kind"] != "bandwidth" and x.get("cond", {}).get("engine") and "read_from" not in x.get("cond", {}):
+            groups.setdefault(_quantity(x), []).append(x)
+    merged: dict[tuple, dict] = {}  # the notes of one chapter pair, engine and reason, merged into one
+    defects: list[str] = []
+    for group in groups.values():
+        for i, a in enumerate(group):
+            for b in group[i + 1:]:
+                if a["chapter"] == b["chapter"] or _agree(a, b):
+                    continue
+                if a["chapter"] > b["chapter"]:
+                    a, b = b, a
+                name = KIND_TITLES[a["kind"]].split(":")[0].split(" (")[0].lower() + (
+                    f" at k = {a['k']}" if a.get("k") else "")
+                pair = f"{name} {a['value']:.3g} against {b['value']:.3g}"
+                # a condition counts where both lines state it (a one-row step has no "rows" to differ in)
+                fields = [f for f in CONDITION if a["cond"].get(f) is not None and b["cond"].get(f) is not None
+                          and str(a["cond"][f]) != str(b["cond"][f]) and not (f == "rows" and a["kind"] == "step")]
+                reason = REASONS.get((a["kind"], a["chapter"], b["chapter"]))
+                if fields:
+                    why = "they differ in " + "; ".join(
+                        f"{CONDITION_WORDS[f]}: {_condition_words(f, a['cond'][f])} against "
+                        f"{_condition_words(f, b['cond'][f])}" for f in fields)
+                elif reason:
+                    why = reason.rstrip(".")
+                else:
+                    defects.append(f"{name} on {a['cond']['engine']}: {a['value']:.3g} (chapter {a['chapter']}) and "
+                                   f"{b['value']:.3g} (chapter {b['chapter']}) disagree under the same conditions, "
+                                   "and no reason is stated")
+                    continue
+                key = (a["chapter"], b["chapter"], a["cond"]["engine"], a["cond"].get("draft"), why)
+                note = merged.setdefault(key, {"kinds": [], "chapters": [a["chapter"], b["chapter"]], "pairs": []})
+                note["kinds"].append(a["kind"])
+                note["pairs"].append(pair)
+    notes = []
+    for (ca, cb, engine, draft, why), n in merged.items():
+        what = engine + (f", drafter {draft}" if draft else "")
+        notes.append({"kinds": sorted(set(n["kinds"])), "chapters": n["chapters"],
+                      "text": f"Chapters {ca} and {cb}, {what}: {'; '.join(n['pairs'])}. {why[:1].upper() + why[1:]}."})
+    return notes, defects
 
 
 def card(out: Path) -> dict[str, Any]:
@@ -180,7 +297,8 @@ def card(out: Path) -> dict[str, Any]:
     bw = [x["value"] for x in lines if x["kind"] == "bandwidth"]
     summary = ({"median": statistics.median(bw), "low": min(bw), "high": max(bw), "runs": len(bw),
                 "chapters": sorted({x["chapter"] for x in lines if x["kind"] == "bandwidth"})} if bw else None)
-    return {"bandwidth": summary, "lines": lines}
+    notes, defects = compare(lines)
+    return {"bandwidth": summary, "lines": lines, "notes": notes, "defects": defects}
 
 
 def write(out: Path) -> Path:
@@ -239,6 +357,10 @@ def block(out: Path, chapter: int | None = None, found: Mapping[str, Any] | None
         parts.append(f"<p><b>{html.escape(KIND_TITLES[kind])}.</b></p><div class='table-wrap'><table class='card'>"
                      f"<tr><th>measured in</th>{head}<th>engine and conditions</th><th>value</th><th>how</th></tr>"
                      f"{_rows(lines, chapter)}</table></div>")
+    why = [n["text"] for n in c.get("notes", []) if chapter is None or chapter in n["chapters"]]
+    if why:
+        parts.append("<div class='card-why'><p><b>Why one quantity reads differently across chapters:</b></p><ul>"
+                     + "".join(f"<li>{html.escape(t)}</li>" for t in why) + "</ul></div>")
     if chapter is None:
         return "".join(parts)
     if len(parts) == 1 and not parts[0]:

@@ -10,7 +10,11 @@ The classes (each was on a committed page once):
 - words a reader cannot know: a path in the repository ("tests/test_serving.py") or the library's own
   names for things ("ch07_stack.plan_stack", "judge_c1") where the page should say what they do;
 - an image without a description (nbconvert's "No description has been provided for this image"), and a
-  code cell's source on the page (the page shows what the cell printed and drew; the notebook holds it).
+  code cell's source on the page (the page shows what the cell printed and drew; the notebook holds it);
+- raw data where words belong: a ``key=value`` pair with a snake_case key ("tokens_per_s=104.9"), a dict
+  literal ("{request_id: num_tokens}"), the name of one of the study's files ("vllm_cpu.json",
+  "decisions.yaml"), a path into the source document ("seeds/000"), a table cell that is one snake_case
+  identifier ("dense_perop", "few_shot"), and pandas' ``describe()`` table ("50%", "prompt_tokens").
 
 Code is allowed to be code: code cells, ``<pre>`` blocks, the appendix's table of every parameter and
 the settings line are not read. :func:`page_defects` returns one line per defect; ``studylib book``
@@ -29,7 +33,13 @@ SNAKE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
 BLOCK_FORMAT = re.compile(r"^i?q[1-8](?:_[a-z0-9]{1,3}){1,2}$")  # q4_1, q8_0, q4_k_m, iq4_nl; not q95_ms
 BACKTICKS = re.compile(r"`[^`\s][^`]*`")
 # A path inside the repository, written anywhere in the prose.
-REPO_PATH = re.compile(r"(?<![\w/.])(?:studylib|tests|notebooks|benchmarks|reports|data|docs)/[\w./-]*\w")
+REPO_PATH = re.compile(r"(?<![\w/.])(?:studylib|tests|notebooks|benchmarks|reports|data|docs|seeds)/[\w./-]*\w")
+# Raw data in the text: a snake_case key given a value, a dict literal, one of the study's own files.
+KEY_VALUE = re.compile(r"(?<![\w.])[a-z][a-z0-9]*(?:_[a-z0-9]+)+=[^\s,;)\]]")
+DICT_LITERAL = re.compile(r"\{\s*['\"]?[A-Za-z_]\w*['\"]?\s*:")
+DATA_FILE = re.compile(r"(?<![\w/.-])[\w-]+\.(?:json|jsonl|ya?ml|ipynb|py|csv)\b")
+# pandas' describe() printed as it is: its percentile headers
+DESCRIBE_HEADERS = {"25%", "50%", "75%"}
 # Code that is one of the library's identifiers: a snake_case name or a dotted path (``judge_c1``,
 # ``kvcache.dense_bridge.PrefixStore``, ``decisions.yaml``). Names other projects publish and readers of
 # the field know (``torch.compile``) and block formats (``q4_1``) are words, not leaks.
@@ -106,6 +116,11 @@ class _Reader(HTMLParser):
             self.vocabulary.update(re.split(r"[\s,;()/+]+", text))
             if text in MISSING:
                 self.defects.append(f"a table cell reads {text!r}; say what is missing (a dash, 'not measured')")
+            if tag == "td" and SNAKE.match(text) and not BLOCK_FORMAT.match(text):
+                self.defects.append(f"a table cell reads {text!r}, an identifier; give it words")
+            if tag == "th" and text in DESCRIBE_HEADERS:
+                self.defects.append(f"a table is pandas' describe() as printed (a column {text!r}); name its "
+                                    "rows and columns (median, not 50%)")
             if tag == "th":
                 if SNAKE.match(text) and not BLOCK_FORMAT.match(text):
                     self.defects.append(f"a table header reads {text!r} (snake_case); give it words")
@@ -126,6 +141,13 @@ class _Reader(HTMLParser):
             self.defects.append(f"unrendered backticks in {BACKTICKS.search(data).group(0)!r}")
         for m in REPO_PATH.finditer(data):
             self.defects.append(f"a repository path {m.group(0)!r} stands in the text; say what is there")
+        for m in KEY_VALUE.finditer(data):
+            self.defects.append(f"a raw key=value pair {m.group(0)!r}… stands in the text; say it in words")
+        for m in DICT_LITERAL.finditer(data):
+            self.defects.append(f"a dict literal {m.group(0)!r}… stands in the text; say what it maps")
+        if self.code is None:  # a file name in a code span is judged with the other code (as a name)
+            for m in DATA_FILE.finditer(data):
+                self.defects.append(f"a file name {m.group(0)!r} stands in the text; say what it holds")
 
 
 def page_defects(html: str, params: Iterable[str] = ()) -> list[str]:
@@ -151,7 +173,8 @@ NO_ALT = "No description has been provided for this image"  # nbconvert's placeh
 
 def book_defects(out) -> dict[str, list[str]]:
     """Every page of a report folder (chapters, front page, sweep pages) -> its defects (pages with none are
-    left out). A chapter page is read with its own parameter names; the others with every chapter's."""
+    left out). A chapter page is read with its own parameter names; the others with every chapter's. The
+    instrument card's disagreements (one quantity, two values, no reason) come under "instrument card"."""
     import json
     from pathlib import Path
 
@@ -170,4 +193,11 @@ def book_defects(out) -> dict[str, list[str]]:
             d = page_defects(page.read_text(encoding="utf-8"), params.get(page.stem, every))
             if d:
                 found[str(page.relative_to(out))] = d
+    # one quantity printed with two values and no stated reason, across the chapters' numbers of the machine
+    from studylib.workbook.instrument import card
+
+    if params:
+        d = card(out)["defects"]
+        if d:
+            found["instrument card"] = d
     return found

@@ -12,6 +12,7 @@ to JSON, are untouched.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,6 +45,25 @@ def span(lo: float, hi: float, fmt: str = ".0%") -> str:
     """A range as a reader writes it: "92%-97%", or one value when both ends print the same ("100%")."""
     a, b = format(lo, fmt), format(hi, fmt)
     return a if a == b else f"{a}-{b}"
+
+
+# Identifiers a table cell may hold (a workload, an arm, a quantity's key) and the words a reader knows them
+# by; any other snake_case identifier reads with spaces for underscores. Block formats (q4_1) stay.
+_IDENTIFIERS = {"few_shot": "few-shot", "multi_turn": "multi-turn", "tree_of_thought": "tree of thought",
+                "system_prompt": "system prompt", "no_sharing": "no sharing", "dense_perop": "dense (per-op path)",
+                "kv_int8": "int8 KV", "prompt_tokens": "prompt tokens", "max_new_tokens": "output budget (tokens)",
+                "throughput_gain": "throughput gain", "attention_speedup": "attention speed-up",
+                "llama_cpp_batch": "llama.cpp batch", "v_k": "v(k)"}
+_SNAKE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
+_BLOCK_FORMAT = re.compile(r"^i?q[1-8](?:_[a-z0-9]{1,3}){1,2}$")
+
+
+def words(text: str) -> str:
+    """A snake_case identifier as a reader's words ("few_shot" -> "few-shot", "dense_perop" -> "dense (per-op
+    path)"); anything else, block formats included, as it is."""
+    if not _SNAKE.match(text) or _BLOCK_FORMAT.match(text):
+        return text
+    return _IDENTIFIERS.get(text, text.replace("_", " "))
 
 
 def header(name: Any) -> str:
@@ -100,11 +120,11 @@ def cell(v: Any) -> str:
             return cell(v.item())
         except (TypeError, ValueError):
             pass
-    if isinstance(v, Mapping):
-        return ", ".join(f"{k}={cell(x)}" for k, x in v.items())
+    if isinstance(v, Mapping):  # {"tokens_per_s": 104.9} -> "tokens per second: 104.9"
+        return ", ".join(f"{header(k)[:1].lower() + header(k)[1:]}: {cell(x)}" for k, x in v.items())
     if isinstance(v, list | tuple):
         return ", ".join(cell(x) for x in v)
-    return str(v)
+    return words(v) if isinstance(v, str) else str(v)
 
 
 def _ci_columns(columns: list[str]) -> list[tuple[str, str, str]]:

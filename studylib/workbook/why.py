@@ -31,6 +31,7 @@ from studylib.code_registration import REPO_ROOT
 from studylib.errors import StudylibError
 from studylib.workbook.same_kind import _chapter_data as _chapter
 from studylib.workbook.same_kind import _finite
+from studylib.workbook.tables import words
 
 PUBLISHED = REPO_ROOT / "data" / "published_values.yaml"
 ENTRY_KEYS = ("method", "quantity", "value", "condition", "hardware", "model", "baseline", "source", "url")
@@ -378,9 +379,9 @@ def block(out: Path, table: Mapping[str, Any] | None = None,
     pub_html = ""
     if table["entries"]:
         lines = "".join(
-            f"<tr><td>{html.escape(str(e['method']))}"
+            f"<tr><td>{html.escape(words(str(e['method'])))}"
             f"{' (' + html.escape(str(e['measures'])) + ')' if e.get('measures') else ''}</td>"
-            f"<td>{html.escape(str(e['quantity']))}</td><td>{_value(e)}</td><td>{html.escape(str(e['condition']))}"
+            f"<td>{html.escape(words(str(e['quantity'])))}</td><td>{_value(e)}</td><td>{html.escape(str(e['condition']))}"
             f"</td><td>{html.escape(str(e['model']))}</td><td>{html.escape(str(e['hardware']))}</td>"
             f"<td>{html.escape(str(e['baseline']))}</td><td>{_link(e['source'], e['url'])}</td></tr>"
             for e in table["entries"])
