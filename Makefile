@@ -18,8 +18,8 @@ setup: .venv/.installed
 reproduce: setup
 	.venv/bin/studylib reproduce --profile $(PROFILE)
 
-# Two pytest workers (the machine class has two cores); the chapter notebooks share one of them, in order
-# (xdist_group "notebooks"), while the other runs everything else.
+# Two pytest workers (the machine class has two cores). The eight chapter notebooks run one after another
+# in one worker (xdist_group "notebooks"); every other test goes to whichever worker is free.
 test: setup
 	$(PY) -m ruff check studylib tests benchmarks
 	$(PY) -m pytest -q -m "not gpu" -n 2 --dist loadgroup

@@ -29,7 +29,7 @@ def test_the_card_gathers_each_chapters_numbers_with_their_conditions(tmp_path):
                                            "engine": "gguf int8", "kernel": "amx"},
                                           {"rows": 16, "ms": 20.0, "v": 2.9, "v_low": 2.8, "v_high": 3.0, "n": 10,
                                            "engine": "gguf int8", "kernel": "amx"}]},
-           {"context": 128, "rows_repeats": 10})
+           {"rows_context": 128, "rows_repeats": 10})
     _write(tmp_path, 5, {"whole_runs": _runs(30.0, 31.0),
                          "c8": [{"batch": 1, "step_ms": 6.0}, {"batch": 16, "step_ms": 18.0}],
                          "speculative_inputs": {"draft_cost": 0.5, "drafter": "eagle", "source": "chapter 2"}},
@@ -50,7 +50,7 @@ def test_the_card_gathers_each_chapters_numbers_with_their_conditions(tmp_path):
 
 def test_a_chapter_page_shows_its_own_lines_and_the_front_page_all(tmp_path):
     _write(tmp_path, 1, {"whole_runs": _runs(20.0, 22.0),
-                         "step_vs_rows": [{"rows": 1, "ms": 7.0, "engine": "e1", "kernel": "k"}]}, {"context": 64})
+                         "step_vs_rows": [{"rows": 1, "ms": 7.0, "engine": "e1", "kernel": "k"}]}, {"rows_context": 64})
     _write(tmp_path, 6, {"decode": [{"pattern": "dense", "seq_len": 1024, "ms_per_token": 40.0},
                                     {"pattern": "dense", "seq_len": 1024, "ms_per_token": 42.0},
                                     {"pattern": "sinks", "seq_len": 1024, "ms_per_token": 30.0}]}, {})
@@ -70,11 +70,12 @@ def test_no_results_no_card(tmp_path):
     assert instrument.block(tmp_path) == ""
 
 
-def _two_chapters(tmp_path, ch5_context: int, ch5_step: float, ch5_kv_same: bool = False):
+def _two_chapters(tmp_path, ch8_prefix: int, ch8_step: float):
+    """Chapters 1 and 8 time the same one-row forward (gguf weights, int8 arithmetic, dense KV, causal)."""
     _write(tmp_path, 1, {"step_vs_rows": [{"rows": 1, "ms": 7.0, "ms_low": 6.9, "ms_high": 7.1, "n": 10,
-                                           "engine": "gguf int8", "kernel": "amx"}]}, {"context": 128})
-    _write(tmp_path, 3, {"step_time_curve": [{"T": 1, "seconds": ch5_step / 1e3}]},
-           {"weights": "gguf", "act": "int8", "curve_context": ch5_context, "curve_repeats": 3})
+                                           "engine": "gguf int8", "kernel": "amx"}]}, {"rows_context": 128})
+    _write(tmp_path, 8, {"step_cost": [{"arm": "gguf@int8", "rows": 1, "ms": ch8_step, "n": 5}]},
+           {"step_prefix": ch8_prefix, "step_repeats": 5})
 
 
 def test_one_quantity_with_two_values_needs_a_reason(tmp_path):
@@ -82,20 +83,20 @@ def test_one_quantity_with_two_values_needs_a_reason(tmp_path):
     # disagree, and nothing says why
     _two_chapters(tmp_path, 128, 6.0)
     c = instrument.card(tmp_path)
-    assert len(c["defects"]) == 1 and "7 (chapter 1) and 6 (chapter 3)" in c["defects"][0]
+    assert len(c["defects"]) == 1 and "7 (chapter 1) and 6 (chapter 8)" in c["defects"][0]
     assert "no reason" in c["defects"][0] and not c["notes"]
-    from studylib.workbook.page_check import book_defects
+    from studylib.workbook.assemble import book_defects
 
     assert book_defects(tmp_path)["instrument card"] == c["defects"]
     # a reason given for the pair turns the defect into a note the card prints
-    instrument.REASONS[("step", 1, 3)] = "chapter 3 times its step in a sweep over rows."
+    instrument.REASONS[("step", 1, 8)] = "chapter 8 times its step in a sweep over formats."
     try:
         c = instrument.card(tmp_path)
-        assert not c["defects"] and c["notes"][0]["text"].endswith("Chapter 3 times its step in a sweep over rows.")
+        assert not c["defects"] and c["notes"][0]["text"].endswith("Chapter 8 times its step in a sweep over formats.")
         assert "one-row decode step 7 against 6" in c["notes"][0]["text"]
-        assert "Chapter 3 times its step" in instrument.block(tmp_path, 3)
+        assert "Chapter 8 times its step" in instrument.block(tmp_path, 8)
     finally:
-        del instrument.REASONS[("step", 1, 3)]
+        del instrument.REASONS[("step", 1, 8)]
 
 
 def test_a_condition_that_differs_is_stated_and_values_that_agree_say_nothing(tmp_path):
@@ -107,3 +108,24 @@ def test_a_condition_that_differs_is_stated_and_values_that_agree_say_nothing(tm
     _two_chapters(tmp_path, 128, 7.2)  # within 5% of each other: one value, no note
     c = instrument.card(tmp_path)
     assert not c["defects"] and not c["notes"]
+
+
+def test_a_default_no_profile_sets_is_read_from_the_executed_notebook(tmp_path):
+    """Chapter 1's rows sweep ran at its notebook's default context (256), which no profile sets: the card
+    reads it from the executed notebook's parameter cells (the injected one overriding the defaults)."""
+    nb = {"cells": [{"cell_type": "code", "metadata": {"tags": ["parameters"]},
+                     "source": "rows_context = 256  # tokens already in the cache\nrepeats = 3\nf = open\n"},
+                    {"cell_type": "code", "metadata": {"tags": ["injected-parameters"]}, "source": "repeats = 10\n"}]}
+    (tmp_path / "ch01.ipynb").write_text(json.dumps(nb))
+    _write(tmp_path, 1, {"step_vs_rows": [{"rows": 1, "ms": 7.0, "engine": "gguf int8", "kernel": "amx"}]})
+    line = instrument.card(tmp_path)["lines"][0]
+    assert line["cond"]["context"] == 256 and "context 256" in line["what"]
+    assert instrument._executed_params(tmp_path, 1) == {"rows_context": 256, "repeats": 10}
+
+
+def test_engine_names_keep_what_tells_two_engines_apart():
+    assert instrument._engine_named("gguf int8") == instrument._engine_named("gguf@int8") == \
+        "gguf weights, int8 arithmetic"
+    assert instrument._engine_named("dense") == "dense float32"
+    assert instrument._engine_named("dense per-op") != instrument._engine_named("dense")
+    assert instrument._engine_named("kv_int8") == "kv_int8"  # an arm, not a weight format

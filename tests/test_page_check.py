@@ -103,7 +103,9 @@ def test_the_committed_study_reads_clean():
     # the commit the chapters ran at (each chapter's provenance; a study is one run of one commit)
     runs = {json.loads(f.read_text())["provenance"].get("git_commit") for f in REPORTS.glob("ch[0-9][0-9].json")}
     known = KNOWN_IN_RUN.get(runs.pop(), []) if len(runs) == 1 else []
-    found = book_defects(REPORTS)
+    from studylib.workbook.assemble import book_defects as every_defect  # the pages' and the card's
+
+    found = every_defect(REPORTS)
     lines = [(page, d) for page, ds in found.items() for d in ds]
     new = [f"{page}: {d}" for page, d in lines if not any(page == kp and d.startswith(kd) for kp, kd in known)]
     assert not new, "\n".join(new)
@@ -119,7 +121,12 @@ def test_the_committed_study_reads_clean():
     ("<p>the source (seeds/000, abstract)</p>", "a repository path 'seeds/000'"),
     ("<table><tr><th>arm</th></tr><tr><td>dense_perop</td></tr></table>", "a table cell reads 'dense_perop'"),
     ("<table><tr><th></th><th>mean</th><th>50%</th></tr></table>", "a table is pandas' describe()"),
+    ("<table><tr><th>share</th><th>50%</th></tr></table>", None),  # a percentage header alone
     ("<p>a ratio of 1.5 = 3/2, at k=8 rows; see www.example.org/x.json?a=b</p>", None),
+    ("<p>see https://example.org/v1?max_tokens=5&top_p=1</p>", None),  # a web address's query
+    ("<p>how many tokens each gets (<code>{request_id: num_tokens}</code>)</p>", "a dict literal"),  # still raw
+    ("<p>the <code>vllm_cpu.json</code> file</p>", "the library's name 'vllm_cpu.json'"),  # a name, as code
+    ("<p>the seeds/prompts we drew, and config.py</p>", None),
     ("<table><tr><th>format</th></tr><tr><td>q4_1</td></tr><tr><td>few-shot</td></tr></table>", None),
     ("<pre>{request_id: num_tokens} in vllm_cpu.json</pre>", None),  # code is allowed to be code
 ])

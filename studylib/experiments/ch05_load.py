@@ -180,7 +180,7 @@ def capacity_search(model, tokenizer, items: Sequence[WorkloadItem], arm: Sequen
     Sarathi-Serve and DistServe: throughput alone hides latency, a latency at one rate hides how much
     load a system takes).
 
-    Every probe is one real run of all ``items`` (pass >= 200 so a p99 rests on a few requests) at a
+    Every probe is one real run of all ``items`` (pass 150 or more, so a p99 rests on a few requests) at a
     seeded Poisson rate; the same seed at every rate gives the same arrival pattern, rescaled in time.
     The search probes ``rate_lo``. If that fails, it steps down by the range's own factor
     (``rate_hi / rate_lo``) while probes remain and the rate stays >= ``rate_floor`` (default: one step

@@ -35,7 +35,7 @@ from studylib.experiments.ch07_quality import QUALITY_BAR
 from studylib.experiments.ch07_stack import StackPlan, stack_arm_name
 from studylib.models import arithmetic
 from studylib.verdict import guard
-from studylib.workbook.tables import cell, span
+from studylib.workbook.tables import cell, key_words, span
 
 LATENCY_BAR = 10.0  # "end-to-end latency reduced by more than 10x"
 THROUGHPUT_BAR, THROUGHPUT_TOP = 8.0, 12.0  # "throughput raised 8-12x"
@@ -108,7 +108,9 @@ def anchors_frame(ours: Sequence[dict] = ()) -> pd.DataFrame:
 def _anchor_row(chapter: int, r: Mapping) -> dict:
     main = r.get("result", r.get("speedup"))
     skip = {"source", "hardware", "model", "result", "speedup"}
-    extra = cell({k: v for k, v in r.items() if k not in skip and v is not None and v == v and v != ""})
+    # a published number is quoted as printed (never rounded): the key in words, the value as it stands
+    extra = ", ".join(f"{key_words(k)}: {v}" for k, v in r.items()
+                      if k not in skip and v is not None and v == v and v != "")
     result = " ".join(x for x in (f"[{extra}]" if extra and main is not None else extra,
                                   None if main is None else f"{main}") if x)
     return {"chapter": chapter, "source": r.get("source", ""), "result": result, "model": r.get("model", ""),

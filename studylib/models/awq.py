@@ -89,7 +89,8 @@ def default_calibration(vocab_size: int, shape: tuple[int, int] = DEFAULT_CALIBR
 
 def record_inputs(model, ids: torch.Tensor) -> dict[int, _Stats]:
     """Run ``ids`` through ``model`` once, recording every linear's input keyed by ``id(weight)``."""
-    from studylib.models import DenseKVCache, llama
+    from studylib.models import llama
+    from studylib.models.kv import DenseKVCache
 
     gen = torch.Generator().manual_seed(0)
     stats: dict[int, _Stats] = {}

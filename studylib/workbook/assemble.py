@@ -44,3 +44,17 @@ def build_book(out: str | Path, index: Mapping[str, Any] | None = None) -> list[
     written.append(write_front_page(out, index, chapters, executed=executed))
     written.append(write_print_page(out, chapters))
     return written
+
+
+def book_defects(out: Path) -> dict[str, list[str]]:
+    """Everything ``studylib book`` reports of a report folder: each page's text defects
+    (``page_check.book_defects``) and, under "instrument card", every quantity the chapters print with two
+    values under the same conditions and no stated reason (``instrument.compare``)."""
+    from studylib.workbook.page_check import book_defects as page_defects
+
+    found = page_defects(out)
+    if any(Path(out).glob("ch[0-9][0-9].json")):
+        card = instrument.card(out)["defects"]
+        if card:
+            found["instrument card"] = card
+    return found

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {len(written)} pages into {out} (open {out / 'index.html'})")
     import sys
 
-    from studylib.workbook.page_check import book_defects
+    from studylib.workbook.assemble import book_defects
 
     for page, defects in book_defects(out).items():  # a warning: the pages are written either way
         for d in defects:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import statistics
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -54,18 +55,60 @@ def _engine(params: Mapping[str, Any]) -> str:
     return f"dense {params.get('dtype', 'float32')}"
 
 
+_WEIGHTS = re.compile(r"^(?:dense|gguf|awq4|i?q[1-8](?:_[a-z0-9]{1,3}){1,2})$")
+_ACTS = {"fp32", "int8", "bf16"}
+
+
 def _engine_named(name: str) -> str:
     """An engine as chapters 1 and 8 name it ("gguf int8", "gguf", "dense", "q4_1@bf16") in ``_engine``'s
-    words, so that one engine reads the same on every line."""
-    weights, _, act = str(name).replace("@", " ").partition(" ")
-    return _engine({"weights": weights, "act": act.strip() or None})
+    words, so that one engine reads the same on every line. Any other word is kept as a qualifier ("dense
+    per-op" is not "dense"), and a name that is no weight format (an arm such as "kv_int8") stays itself."""
+    weights, _, rest = str(name).replace("@", " ").partition(" ")
+    words = rest.split()
+    if not _WEIGHTS.match(weights):
+        return str(name)
+    act = next((w for w in words if w in _ACTS), None)
+    extra = " ".join(w for w in words if w != act)
+    base = _engine({"weights": weights, "act": act})
+    return f"{base} ({extra})" if extra else base
+
+
+def _executed_params(out: Path, chapter: int) -> dict[str, Any]:
+    """The parameters a chapter ran with, from its executed notebook: the defaults cell overridden by
+    papermill's injected cell (a default the profile does not set, such as chapter 1's ``rows_context``, is
+    recorded nowhere else). Literal assignments only; anything else is left out."""
+    import ast
+
+    path = Path(out) / f"ch{chapter:02d}.ipynb"
+    try:
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    found: dict[str, Any] = {}
+    for tag in ("parameters", "injected-parameters"):
+        for cell in cells:
+            if tag not in (cell.get("metadata") or {}).get("tags", []):
+                continue
+            try:
+                tree = ast.parse("".join(cell.get("source") or ""))
+            except SyntaxError:
+                continue
+            for node in tree.body:
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                    try:
+                        found[node.targets[0].id] = ast.literal_eval(node.value)
+                    except ValueError:
+                        pass
+    return found
 
 
 # The fields a line's ``cond`` may carry. Two lines are one quantity when kind, k and IDENTITY agree; they
 # are then the same measurement when CONDITION agrees too, and must agree in value unless a reason is given.
 IDENTITY = ("engine", "draft")
-CONDITION = ("context", "kv", "rows", "per")
-CONDITION_WORDS = {"context": "context", "kv": "KV cache", "rows": "rows", "per": "unit"}
+CONDITION = ("context", "kv", "mask", "rows", "per")
+CONDITION_WORDS = {"context": "context", "kv": "KV cache", "mask": "attention", "rows": "rows", "per": "unit"}
+_FORWARD = "one forward of the model"  # a step timed as a bare forward (no sampling, no scheduler)
+_CAUSAL = "causal, no explicit mask (the plain path)"
 
 
 # ------------------------------------------------------------------------------------------ readers
@@ -89,10 +132,12 @@ def _steps_and_v(chapter: int, data: Mapping[str, Any]) -> list[dict]:
     if chapter == 1:
         reps = p.get("rows_repeats")
         for r in m.get("step_vs_rows") or []:
-            where = f"{r.get('engine')} ({r.get('kernel') or r.get('path')}), context {p.get('context')}"
+            # the rows sweep runs at its own context (rows_context), not the batch sweep's (context)
+            ctx = r.get("context", p.get("rows_context"))
+            where = f"{r.get('engine')} ({r.get('kernel') or r.get('path')}), context {ctx or 'not recorded'}"
             how = f"median of {r.get('n') or reps} interleaved repeats in one process"
-            cond = {"engine": _engine_named(r.get("engine") or "dense"), "context": p.get("context"),
-                    "kv": "dense", "rows": "k rows of one sequence"}
+            cond = {"engine": _engine_named(r.get("engine") or "dense"), "context": ctx, "kv": "dense",
+                    "mask": _CAUSAL, "rows": "k rows of one sequence", "per": _FORWARD}
             if r.get("rows") == 1 and _finite(r.get("ms")):
                 out.append(_line("step", 1, where, r["ms"], r.get("ms_low"), r.get("ms_high"), r.get("n"), how,
                                  cond))
@@ -107,27 +152,31 @@ def _steps_and_v(chapter: int, data: Mapping[str, Any]) -> list[dict]:
                 out.append(_line("step", 2, f"AR on {second}, chat prompts", r["ar_ms_per_token"],
                                  how="AR's time per token over the prompts, one process",
                                  cond={"engine": second, "context": "the chat prompts' own", "kv": "dense",
-                                       "per": "a generated token (prefill included)"}))
+                                       "mask": _CAUSAL, "per": "a step of the AR decode loop (sampling included, prefill not)"}))
                 break
         for r in m.get("eagle_trees") or []:
             if _finite(r.get("v")) and r.get("verify_tokens"):
                 out.append(_line("v", 2, f"{r['method']} verification on {_engine(p)}", r["v"],
                                  how="one process, over the chapter's prompts", k=int(r["verify_tokens"]),
                                  cond={"engine": _engine(p), "draft": r["method"], "context": "the prompts' own",
-                                       "kv": "dense", "rows": "a draft tree's rows, under its tree mask"}))
+                                       "kv": "dense", "mask": "the draft tree's mask", "rows": "a draft tree's rows",
+                                       "per": "a verify step of the decoder"}))
         for r in m.get("eagle_gguf_costs") or []:
             if _finite(r.get("v")):
                 out.append(_line("v", 2, f"{r['method']} verification on {second}", r["v"],
                                  how="one process, over the chapter's chat prompts",
                                  cond={"engine": second, "draft": r["method"], "context": "the chat prompts' own",
-                                       "kv": "dense", "rows": "a draft tree's rows, under its tree mask"}))
+                                       "kv": "dense", "mask": "the draft tree's mask", "rows": "a draft tree's rows",
+                                       "per": "a verify step of the decoder"}))
     elif chapter == 3:
         rows = [r for r in m.get("step_time_curve") or [] if _finite(r.get("seconds"))]
         base = next((r for r in rows if r.get("T") == 1), None)
         where = f"{_engine(p)}, context {p.get('curve_context')}"
         how = f"median of {p.get('curve_repeats')} repeats in one process"
         cond = {"engine": _engine(p), "context": p.get("curve_context"), "kv": "dense",
-                "rows": "k rows of one sequence"}
+                # lookahead's forward: the rows pass an explicit (lower-triangular) mask, as its windows do
+                "mask": "an explicit mask over the rows (the masked path)", "rows": "k rows of one sequence",
+                "per": _FORWARD}
         if base:
             out.append(_line("step", 3, where, 1e3 * base["seconds"], 1e3 * base.get("lo", float("nan")),
                              1e3 * base.get("hi", float("nan")), p.get("curve_repeats"), how, cond))
@@ -140,7 +189,8 @@ def _steps_and_v(chapter: int, data: Mapping[str, Any]) -> list[dict]:
         where = f"{_engine(p)}, {p.get('step_context')}-token context per sequence"
         how = f"median of {p.get('step_repeats')} repeats in one process"
         cond = {"engine": _engine(p), "context": p.get("step_context"),
-                "kv": "paged (the serving engine's block view)", "rows": "k sequences, one token each"}
+                "kv": "paged (the serving engine's block view)", "mask": "causal, over each sequence's blocks",
+                "rows": "k sequences, one token each", "per": _FORWARD}
         if one:
             out.append(_line("step", 5, where, one["step_ms"], n=p.get("step_repeats"), how=how, cond=cond))
             for r in rows:
@@ -155,15 +205,16 @@ def _steps_and_v(chapter: int, data: Mapping[str, Any]) -> list[dict]:
         for ctx, vals in sorted(dense.items()):
             out.append(_line("step", 6, f"dense attention, {_engine(p)} per-op, context {ctx}",
                              statistics.median(vals), n=len(vals), how=f"median of {len(vals)} repeats in one process",
-                             cond={"engine": _engine(p) + " on the per-op path", "context": ctx, "kv": "dense"}))
+                             cond={"engine": _engine(p) + " on the per-op path", "context": ctx, "kv": "dense",
+                                   "mask": _CAUSAL, "per": "a step of the decode loop"}))
     elif chapter == 8:
         rows = [r for r in m.get("step_cost") or [] if _finite(r.get("ms"))]
         for r in rows:
             prefix = f"a {p['step_prefix']}-token prefix" if p.get("step_prefix") else "the chapter's fixed prefix"
             where = f"{r['arm']}, after {prefix}"
             how = f"median of {r.get('n') or p.get('step_repeats')} interleaved repeats in one process"
-            cond = {"engine": _engine_named(r["arm"]), "context": p.get("step_prefix") or "the chapter's fixed prefix",
-                    "kv": "dense", "rows": "k rows of one sequence"}
+            cond = {"engine": _engine_named(r["arm"]), "context": p.get("step_prefix"), "kv": "dense",
+                    "mask": _CAUSAL, "rows": "k rows of one sequence", "per": _FORWARD}
             if r.get("rows") == 1:
                 out.append(_line("step", 8, where, r["ms"], r.get("ms_low"), r.get("ms_high"), r.get("n"), how,
                                  cond))
@@ -199,13 +250,14 @@ def _costs(chapter: int, data: Mapping[str, Any]) -> list[dict]:
     elif chapter == 7:
         a = m.get("alpha") or {}
         if _finite(a.get("cost_ratio")):
-            draft = str(p.get("draft") or "").split(":")
+            # the drafter's label, without the description the chapter appends ("self:4: layers chosen by ...")
+            draft = str(p.get("draft") or "").split(": ", 1)[0] or None
             out.append(_line("c", 7, f"the stack's drafter ({a.get('source') or 'chapter 7'})", a["cost_ratio"],
                              how=f"over {a.get('requests')} requests, one process",
-                             cond={"engine": _engine(p), "draft": ":".join(draft[:2]) if len(draft) > 1 else None,
+                             cond={"engine": _engine(p), "draft": draft,
                                    # the speculative decoder's own ratio: a draft forward over a verify forward
-                                   # of gamma + 1 rows, not over a one-row step
-                                   "per": "verify steps (gamma + 1 rows each)"}))
+                                   # (up to gamma + 1 rows, with acceptance), not over a one-row step
+                                   "per": "verify steps (up to gamma + 1 rows each, acceptance included)"}))
     return out
 
 
@@ -218,9 +270,11 @@ AGREE = 0.05
 
 
 def _agree(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    if a.get("ci") and b.get("ci"):
-        return a["ci"][0] <= b["ci"][1] and b["ci"][0] <= a["ci"][1]
-    return abs(a["value"] - b["value"]) <= AGREE * max(abs(a["value"]), abs(b["value"]))
+    """One value, read twice: within AGREE of each other, or CIs that overlap. (A CI taken inside one process
+    leaves out the variation between processes, so two tight CIs a few per cent apart are one value.)"""
+    if abs(a["value"] - b["value"]) <= AGREE * max(abs(a["value"]), abs(b["value"])):
+        return True
+    return bool(a.get("ci") and b.get("ci") and a["ci"][0] <= b["ci"][1] and b["ci"][0] <= a["ci"][1])
 
 
 def _quantity(x: Mapping[str, Any]) -> tuple:
@@ -228,6 +282,8 @@ def _quantity(x: Mapping[str, Any]) -> tuple:
 
 
 def _condition_words(field: str, value: Any) -> str:
+    if value is None:
+        return "not recorded"
     return f"{value}" if field != "context" or not isinstance(value, int) else f"{value} tokens"
 
 
@@ -255,14 +311,15 @@ def compare(lines: Iterable[Mapping[str, Any]]) -> tuple[list[dict], list[str]]:
                 name = KIND_TITLES[a["kind"]].split(":")[0].split(" (")[0].lower() + (
                     f" at k = {a['k']}" if a.get("k") else "")
                 pair = f"{name} {a['value']:.3g} against {b['value']:.3g}"
-                # a condition counts where both lines state it (a one-row step has no "rows" to differ in)
-                fields = [f for f in CONDITION if a["cond"].get(f) is not None and b["cond"].get(f) is not None
-                          and str(a["cond"][f]) != str(b["cond"][f]) and not (f == "rows" and a["kind"] == "step")]
+                # a condition stated on one side only is a difference too ("not recorded" on the other); a
+                # one-row step has no rows to differ in
+                fields = [f for f in CONDITION if str(a["cond"].get(f)) != str(b["cond"].get(f))
+                          and not (f == "rows" and a["kind"] == "step")]
                 reason = REASONS.get((a["kind"], a["chapter"], b["chapter"]))
                 if fields:
                     why = "they differ in " + "; ".join(
-                        f"{CONDITION_WORDS[f]}: {_condition_words(f, a['cond'][f])} against "
-                        f"{_condition_words(f, b['cond'][f])}" for f in fields)
+                        f"{CONDITION_WORDS[f]}: {_condition_words(f, a['cond'].get(f))} against "
+                        f"{_condition_words(f, b['cond'].get(f))}" for f in fields)
                 elif reason:
                     why = reason.rstrip(".")
                 else:
@@ -292,7 +349,8 @@ def card(out: Path) -> dict[str, Any]:
         data = _chapter(out, ch)
         if data:
             # a chapter's JSON keeps the common parameters; the run's record in index.json has all of them
-            data = {**data, "params": {**((runs.get(str(ch)) or {}).get("params") or {}), **(data.get("params") or {})}}
+            data = {**data, "params": {**_executed_params(out, ch), **((runs.get(str(ch)) or {}).get("params") or {}),
+                                       **(data.get("params") or {})}}
             lines += _bandwidth(ch, data) + _steps_and_v(ch, data) + _costs(ch, data)
     bw = [x["value"] for x in lines if x["kind"] == "bandwidth"]
     summary = ({"median": statistics.median(bw), "low": min(bw), "high": max(bw), "runs": len(bw),

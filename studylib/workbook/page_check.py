@@ -33,13 +33,16 @@ SNAKE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
 BLOCK_FORMAT = re.compile(r"^i?q[1-8](?:_[a-z0-9]{1,3}){1,2}$")  # q4_1, q8_0, q4_k_m, iq4_nl; not q95_ms
 BACKTICKS = re.compile(r"`[^`\s][^`]*`")
 # A path inside the repository, written anywhere in the prose.
-REPO_PATH = re.compile(r"(?<![\w/.])(?:studylib|tests|notebooks|benchmarks|reports|data|docs|seeds)/[\w./-]*\w")
-# Raw data in the text: a snake_case key given a value, a dict literal, one of the study's own files.
-KEY_VALUE = re.compile(r"(?<![\w.])[a-z][a-z0-9]*(?:_[a-z0-9]+)+=[^\s,;)\]]")
+REPO_PATH = re.compile(r"(?<![\w/.])(?:(?:studylib|tests|notebooks|benchmarks|reports|data|docs)/[\w./-]*\w"
+                       r"|seeds/\d[\w./-]*)")  # seeds/000: the source document's file
+# Raw data in the text: a snake_case key given a value (not a web address's query), a dict literal, a data
+# file's name (the study's results and settings: .json, .yaml, .ipynb).
+KEY_VALUE = re.compile(r"(?<![\w.?&/=])[a-z][a-z0-9]*(?:_[a-z0-9]+)+=[^\s,;)\]]")
 DICT_LITERAL = re.compile(r"\{\s*['\"]?[A-Za-z_]\w*['\"]?\s*:")
-DATA_FILE = re.compile(r"(?<![\w/.-])[\w-]+\.(?:json|jsonl|ya?ml|ipynb|py|csv)\b")
-# pandas' describe() printed as it is: its percentile headers
+DATA_FILE = re.compile(r"(?<![\w/.-])[\w-]+\.(?:json|jsonl|ya?ml|ipynb)\b")
+# pandas' describe() printed as it is: a percentile header beside its summary statistics
 DESCRIBE_HEADERS = {"25%", "50%", "75%"}
+DESCRIBE_STATS = {"count", "mean", "std", "min", "max"}
 # Code that is one of the library's identifiers: a snake_case name or a dotted path (``judge_c1``,
 # ``kvcache.dense_bridge.PrefixStore``, ``decisions.yaml``). Names other projects publish and readers of
 # the field know (``torch.compile``) and block formats (``q4_1``) are words, not leaks.
@@ -67,6 +70,7 @@ class _Reader(HTMLParser):
         self.names: list[str] = []  # identifiers in code spans of the prose
         self.literals: list[str] = []  # Python literals in code spans of the prose
         self.vocabulary: set[str] = set()  # words the page's table cells use
+        self.headers: set[str] | None = None  # the open table's header texts
 
     def handle_starttag(self, tag: str, attrs: list) -> None:
         if tag in _VOID:
@@ -77,6 +81,8 @@ class _Reader(HTMLParser):
         self.skip += skips
         if self.skip:
             return
+        if tag == "table":
+            self.headers = set()
         if tag in ("th", "td", "tr") and self.cell is not None:
             self._close(self.cell_tag)  # a cell HTML left open ends where the next one starts
         if tag in ("th", "td"):
@@ -99,6 +105,12 @@ class _Reader(HTMLParser):
                 break
 
     def _close(self, tag: str) -> None:
+        if tag == "table" and self.headers is not None:
+            pct = sorted(self.headers & DESCRIBE_HEADERS)
+            if pct and self.headers & DESCRIBE_STATS:
+                self.defects.append(f"a table is pandas' describe() as printed (a column {pct[0]!r}); name its "
+                                    "rows and columns (median, not 50%)")
+            self.headers = None
         if tag == "code" and self.code is not None:
             text = "".join(self.code).strip()
             if text in LITERALS:
@@ -118,9 +130,8 @@ class _Reader(HTMLParser):
                 self.defects.append(f"a table cell reads {text!r}; say what is missing (a dash, 'not measured')")
             if tag == "td" and SNAKE.match(text) and not BLOCK_FORMAT.match(text):
                 self.defects.append(f"a table cell reads {text!r}, an identifier; give it words")
-            if tag == "th" and text in DESCRIBE_HEADERS:
-                self.defects.append(f"a table is pandas' describe() as printed (a column {text!r}); name its "
-                                    "rows and columns (median, not 50%)")
+            if tag == "th" and self.headers is not None:
+                self.headers.add(text.lower())
             if tag == "th":
                 if SNAKE.match(text) and not BLOCK_FORMAT.match(text):
                     self.defects.append(f"a table header reads {text!r} (snake_case); give it words")
@@ -141,6 +152,7 @@ class _Reader(HTMLParser):
             self.defects.append(f"unrendered backticks in {BACKTICKS.search(data).group(0)!r}")
         for m in REPO_PATH.finditer(data):
             self.defects.append(f"a repository path {m.group(0)!r} stands in the text; say what is there")
+        # raw data stays raw in a sentence whether or not it is set as code ("(`{request_id: num_tokens}`)")
         for m in KEY_VALUE.finditer(data):
             self.defects.append(f"a raw key=value pair {m.group(0)!r}… stands in the text; say it in words")
         for m in DICT_LITERAL.finditer(data):
@@ -173,8 +185,8 @@ NO_ALT = "No description has been provided for this image"  # nbconvert's placeh
 
 def book_defects(out) -> dict[str, list[str]]:
     """Every page of a report folder (chapters, front page, sweep pages) -> its defects (pages with none are
-    left out). A chapter page is read with its own parameter names; the others with every chapter's. The
-    instrument card's disagreements (one quantity, two values, no reason) come under "instrument card"."""
+    left out). A chapter page is read with its own parameter names; the others with every chapter's
+    (``assemble.book_defects`` adds the instrument card's)."""
     import json
     from pathlib import Path
 
@@ -193,11 +205,4 @@ def book_defects(out) -> dict[str, list[str]]:
             d = page_defects(page.read_text(encoding="utf-8"), params.get(page.stem, every))
             if d:
                 found[str(page.relative_to(out))] = d
-    # one quantity printed with two values and no stated reason, across the chapters' numbers of the machine
-    from studylib.workbook.instrument import card
-
-    if params:
-        d = card(out)["defects"]
-        if d:
-            found["instrument card"] = d
     return found

@@ -60,10 +60,21 @@ _BLOCK_FORMAT = re.compile(r"^i?q[1-8](?:_[a-z0-9]{1,3}){1,2}$")
 
 def words(text: str) -> str:
     """A snake_case identifier as a reader's words ("few_shot" -> "few-shot", "dense_perop" -> "dense (per-op
-    path)"); anything else, block formats included, as it is."""
+    path)", "ttft_p99_s" -> "TTFT p99 s"); anything else, block formats included, as it is."""
     if not _SNAKE.match(text) or _BLOCK_FORMAT.match(text):
         return text
-    return _IDENTIFIERS.get(text, text.replace("_", " "))
+    return _IDENTIFIERS.get(text) or " ".join(_WORDS.get(w, w) for w in text.split("_"))
+
+
+def key_words(key: Any) -> str:
+    """A key inside a sentence: its header's words, lower-case unless an acronym leads ("tokens per second",
+    "TTFT p99 (s)")."""
+    return _lower_first(header(key))
+
+
+def _lower_first(text: str) -> str:
+    """"Tokens per second" -> "tokens per second" inside a sentence; "TTFT p99" and "KV budget" keep theirs."""
+    return text[:1].lower() + text[1:] if len(text) > 1 and text[1].islower() else text
 
 
 def header(name: Any) -> str:
@@ -120,8 +131,8 @@ def cell(v: Any) -> str:
             return cell(v.item())
         except (TypeError, ValueError):
             pass
-    if isinstance(v, Mapping):  # {"tokens_per_s": 104.9} -> "tokens per second: 104.9"
-        return ", ".join(f"{header(k)[:1].lower() + header(k)[1:]}: {cell(x)}" for k, x in v.items())
+    if isinstance(v, Mapping):  # {"tokens_per_s": 104.9} -> "tokens per second: 105"
+        return ", ".join(f"{key_words(k)}: {cell(x)}" for k, x in v.items())
     if isinstance(v, list | tuple):
         return ", ".join(cell(x) for x in v)
     return words(v) if isinstance(v, str) else str(v)
