@@ -116,3 +116,21 @@ def test_a_published_value_that_is_not_a_number_is_refused(tmp_path):
     bad.write_text("entries: []\nhardware:\n  - {name: X, peak_tflops: 1}\n")
     with pytest.raises(StudylibError, match="hardware 0 lacks bandwidth_tbs, source, url"):
         why.published(bad)
+
+
+def test_the_baseline_names_each_engine_with_its_arithmetic(tmp_path):
+    """The headline ratios use the GGUF weights in int8 arithmetic; chapter 1 benchmarks that engine against
+    HF generate too, and the front page names it with its arithmetic."""
+    from studylib.bench.ar_bench import split_engine
+    from studylib.experiments.ch01_report import engine_words
+
+    assert split_engine("gguf") == ("gguf", "fp32") and split_engine("gguf@int8") == ("gguf", "int8")
+    assert engine_words("gguf@int8").endswith("in int8 arithmetic") and "arithmetic" not in engine_words("gguf")
+    est = {"value": 2.1, "ci_low": 2.0, "ci_high": 2.3, "n": 3}
+    (tmp_path / "ch01.json").write_text(json.dumps({"measurements": {"ar_bench": {
+        "gguf": {"speedup_vs_hf": est, "hf_tok_s": {"value": 20.0}, "studylib_tok_s": {"value": 42.0}},
+        "gguf@int8": {"speedup_vs_hf": {**est, "value": 3.2}, "hf_tok_s": {"value": 20.0},
+                      "studylib_tok_s": {"value": 64.0}}}}}))
+    text = why.baseline(tmp_path)
+    assert "on gguf weights our AR decoder runs at 42.0" in text
+    assert "on gguf weights, int8 arithmetic our AR decoder runs at 64.0" in text and "3.20x HF" in text

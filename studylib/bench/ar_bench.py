@@ -27,6 +27,13 @@ def default_prompts(n: int) -> list:
     return load_workload("chat", n=n, seed=0)
 
 
+def split_engine(name: str) -> tuple[str, str]:
+    """An engine as the chapters name it -> (weights, act): "gguf" -> ("gguf", "fp32"), "gguf@int8" ->
+    ("gguf", "int8")."""
+    weights, _, act = str(name).partition("@")
+    return weights, act or "fp32"
+
+
 def run_ar_bench(
     model_name: str = "smollm2-135m",
     dtype: str = "bfloat16",

@@ -154,13 +154,22 @@ def bench_table(benches: dict) -> pd.DataFrame:
                                        "roofline tokens/s"]).style.hide(axis="index")
 
 
+def engine_words(name: str) -> str:
+    """"gguf" -> "the GGUF engine (the model's 4-bit blocks)", "gguf@int8" -> the same in int8 arithmetic."""
+    from studylib.bench.ar_bench import split_engine
+
+    weights, act = split_engine(name)
+    base = "the GGUF engine (the model's 4-bit blocks)" if weights == "gguf" else f"{weights} weights"
+    return base if act == "fp32" else f"{base} in {act} arithmetic"
+
+
 def explain_bench(benches: dict) -> str:
     parts = []
     for weights, bench in benches.items():
         sp = bench["speedup_vs_hf"]
         same = bench["identical_to_hf"]
         rel = "faster than" if sp["ci_low"] > 1 else ("slower than" if sp["ci_high"] < 1 else "level with")
-        engine = "the GGUF engine (the model's 4-bit blocks)" if weights == "gguf" else f"{weights} weights"
+        engine = engine_words(weights)
         parts.append(f"With {engine}, on {plural(bench['prompts'], 'prompt')} x {plural(bench['repeats'], 'repeat')} of "
                      f"{bench['max_new_tokens']} tokens, this runtime is {rel} HF generate ({sp['value']:.2f}x) and "
                      f"reaches {bench['fraction_of_roofline']['value']:.0%} of its roofline while decoding; "

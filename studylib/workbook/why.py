@@ -312,7 +312,9 @@ def baseline(out: Path) -> str:
         if _finite(s.get("value"), hf.get("value"), ours.get("value")):
             ci = (f"95% CI {s['ci_low']:.2f} to {s['ci_high']:.2f}, " if _finite(s.get("ci_low"), s.get("ci_high"))
                   else "")
-            rows.append(f"on the {html.escape(str(engine))} engine our AR decoder runs at {ours['value']:.1f} tok/s "
+            weights, _, act = str(engine).partition("@")
+            name = f"{weights} weights" + (f", {act} arithmetic" if act else "")
+            rows.append(f"on {html.escape(name)} our AR decoder runs at {ours['value']:.1f} tok/s "
                         f"against HF's {hf['value']:.1f}: {s['value']:.2f}x HF ({ci}n={s.get('n')} prompts)")
     if not rows:
         return ""
