@@ -14,7 +14,6 @@ CHAPTERS = sorted(discover(paths.notebooks_dir())) if paths.notebooks_dir().is_d
 
 
 @pytest.mark.notebook
-@pytest.mark.xdist_group("notebooks")
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=[f"ch{c:02d}" for c in CHAPTERS])
 def test_chapter_runs_in_smoke_profile(chapter, tmp_path):
     runs = reproduce(profile="smoke", chapters=[chapter], out_dir=tmp_path, progress=False)
