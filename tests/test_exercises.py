@@ -62,9 +62,26 @@ def test_markdown_lists_question_look_for_and_command():
 def test_every_exercise_writes_to_a_folder_of_its_own():
     from studylib.workbook.exercises import EXERCISES
 
-    folders = [ex.folder(ch) for ch, items in EXERCISES.items() for ex in items if not ex.command]
+    folders = [ex.folder(ch) for ch, items in EXERCISES.items() for ex in items]
     assert len(folders) == len(set(folders))
     for ch, items in EXERCISES.items():
         for ex in items:
-            for cmd in ex.commands(ch) if not ex.command else []:
-                assert f"--out {ex.folder(ch)}" in cmd
+            for cmd in ex.commands(ch):
+                # a chapter rerun writes its reports there; a serving benchmark its per-request records
+                assert f"--out {ex.folder(ch)}" in cmd or f"--records {ex.folder(ch)}/" in cmd, cmd
+
+
+def test_a_serving_exercise_writes_its_records_where_it_says(tmp_path):
+    """bench-serve makes the records' folder, so the printed command runs as it stands."""
+    import shlex
+
+    from studylib.cli import main
+    from studylib.workbook.exercises import Exercise
+
+    ex = Exercise("t", "q", "l", command="studylib bench-serve --workload synthetic --num-requests 2 "
+                  "--max-new-tokens 2 --model tiny-random")
+    cmd = ex.commands(5)[0]
+    assert cmd.endswith(f"--records {ex.folder(5)}/requests.jsonl")
+    out = tmp_path / "new" / "requests.jsonl"
+    assert main(shlex.split(cmd)[1:-1] + [str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 2

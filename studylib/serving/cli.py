@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if args.records:
         from pathlib import Path
 
+        Path(args.records).parent.mkdir(parents=True, exist_ok=True)
         Path(args.records).write_text("".join(json.dumps(r) + "\n" for r in result.records()), encoding="utf-8")
     for r in requests:
         if r.stop_reason == "rejected":

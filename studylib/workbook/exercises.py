@@ -37,6 +37,9 @@ class Exercise:
 
     def commands(self, chapter: int) -> list[str]:
         if self.command:
+            # a serving benchmark keeps its per-request records in the exercise's own folder too
+            if self.command.startswith("studylib bench-serve") and "--records" not in self.command:
+                return [f"{self.command} --records {self.folder(chapter)}/requests.jsonl"]
             return [self.command]
         prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in self.env.items())
         return [prefix + reproduce_command(ch, overrides, self.profile, self.folder(chapter))
