@@ -120,7 +120,7 @@ def test_a_default_no_profile_sets_is_read_from_the_executed_notebook(tmp_path):
     _write(tmp_path, 1, {"step_vs_rows": [{"rows": 1, "ms": 7.0, "engine": "gguf int8", "kernel": "amx"}]})
     line = instrument.card(tmp_path)["lines"][0]
     assert line["cond"]["context"] == 256 and "context 256" in line["what"]
-    assert instrument._executed_params(tmp_path, 1) == {"rows_context": 256, "repeats": 10}
+    assert instrument._executed_params(nb) == {"rows_context": 256, "repeats": 10}
 
 
 def test_engine_names_keep_what_tells_two_engines_apart():

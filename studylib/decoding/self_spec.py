@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 
 import torch
@@ -182,7 +181,7 @@ def choose_skip_layers(
     info = {"layers": best["skipped"], "path": steps, "single": [single[i] for i in range(n)], "budget": budget, "new_tokens": new_tokens,
             "model": model.config.name}
     if use_cache:  # whole or not at all: a reader in another process never sees half a file
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(info, indent=1))
-        os.replace(tmp, path)
+        from studylib.workbook.paths import atomic_write  # here, not at import: the workbook package is heavy
+
+        atomic_write(path, json.dumps(info, indent=1))
     return best["skipped"], info

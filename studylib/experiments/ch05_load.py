@@ -161,14 +161,23 @@ def _probe_row(summary: Mapping, n: int) -> dict:
             "completed": summary["requests"], "requests": n}
 
 
-def _meets(row: Mapping, slo: Mapping) -> bool:
+def _missed(row: Mapping, slo: Mapping) -> list[str]:
+    """What a probe missed: "completed" (a request did not finish), "ttft_s", "tpot_s" (its p99 over the
+    limit, or no TTFT at all); empty when it met the SLO."""
+    out = []
     if row.get("completed") is not None and row.get("requests") is not None and row["completed"] < row["requests"]:
-        return False
+        out.append("completed")
     ttft, tpot = row.get("ttft_p99_s"), row.get("tpot_p99_s")
     if "ttft_s" in slo and (ttft is None or ttft > slo["ttft_s"]):
-        return False
+        out.append("ttft_s")
     # One-token outputs have no TPOT: a run with none cannot violate a TPOT bound.
-    return not ("tpot_s" in slo and tpot is not None and tpot > slo["tpot_s"])
+    if "tpot_s" in slo and tpot is not None and tpot > slo["tpot_s"]:
+        out.append("tpot_s")
+    return out
+
+
+def _meets(row: Mapping, slo: Mapping) -> bool:
+    return not _missed(row, slo)
 
 
 def capacity_search(model, tokenizer, items: Sequence[WorkloadItem], arm: Sequence, slo: Mapping[str, float],
@@ -589,16 +598,20 @@ def explain_capacity(cap: Capacity, saturation: pd.DataFrame, slo: Mapping, tpot
 
 def _capacity_bound(cap: Capacity, service_rate: float) -> str:
     """Why no rate met the SLO, from the lowest probe: which limit it missed and by how much, at what load."""
-    low = cap.probes.loc[cap.probes["rate"].idxmin()]
+    # the probe as it was judged (a missing value reads None, as in the row the search judged)
+    low = {k: None if not isinstance(v, str) and pd.isna(v) else v
+           for k, v in cap.probes.loc[cap.probes["rate"].idxmin()].items()}
     missed = []
-    if low.get("completed") is not None and low.get("requests") is not None and low["completed"] < low["requests"]:
-        missed.append(f"{int(low['completed'])} of {int(low['requests'])} requests completed")
-    for key, col, unit, scale in (("ttft_s", "ttft_p99_s", "s", 1.0), ("tpot_s", "tpot_p99_s", "ms", 1e3)):
-        value = low.get(col)
-        if key in cap.slo and value is not None and not pd.isna(value) and value > cap.slo[key]:
-            name = key.split("_")[0].upper()
-            missed.append(f"p99 {name} {value * scale:.3g} {unit} against {cap.slo[key] * scale:.3g} {unit} "
-                          f"({value / cap.slo[key]:.2f}x the limit)")
+    for key in _missed(low, cap.slo):
+        if key == "completed":
+            missed.append(f"{int(low['completed'])} of {int(low['requests'])} requests completed")
+            continue
+        name, col, unit, scale = {"ttft_s": ("TTFT", "ttft_p99_s", "s", 1.0),
+                                  "tpot_s": ("TPOT", "tpot_p99_s", "ms", 1e3)}[key]
+        value, limit = low[col], cap.slo[key]
+        missed.append(f"p99 {name} not measured" if value is None else
+                      f"p99 {name} {value * scale:.3g} {unit} against {limit * scale:.3g} {unit} "
+                      f"({value / limit:.2f}x the limit)")
     load = f"{low['rate'] / service_rate:.2f}x sequential serving's service rate" if service_rate else "its load"
     return (f"{cap.arm} missed the SLO at every rate probed ({len(cap.probes)} probes, down to "
             f"{low['rate']:.2f} requests/s, {load}), so its capacity is below that. At that rate: "

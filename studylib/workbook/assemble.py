@@ -29,7 +29,7 @@ def build_book(out: str | Path, index: Mapping[str, Any] | None = None) -> list[
     executed = executed_notebooks(out)
     chapters = chapter_list(out, executed)
     shared = same_kind.figures(out)  # read once for every page
-    card = instrument.card(out)
+    card = instrument.card(out, executed)
     notes = classroom.load()
     written = [instrument.write(out)] if card["lines"] else []
     for c, _ in chapters:

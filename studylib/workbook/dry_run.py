@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from studylib.errors import StudylibError
+from studylib.workbook.paths import parameter_cells
 
 
 def _compatible(default: Any, value: Any) -> bool:
@@ -47,18 +48,6 @@ def _compatible(default: Any, value: Any) -> bool:
 def _type_name(v: Any) -> str:
     name = type(v).__name__
     return ("an " if name[0] in "aeiou" else "a ") + name
-
-
-def _parameter_cells(notebook: dict) -> tuple[str, str]:
-    """Source of the default parameters cell and of papermill's injected cell."""
-    default = injected = ""
-    for cell in notebook["cells"]:
-        tags = cell.get("metadata", {}).get("tags", [])
-        if "parameters" in tags:
-            default = "".join(cell["source"])
-        if "injected-parameters" in tags:
-            injected = "".join(cell["source"])
-    return default, injected
 
 
 def _check_model(spec: Any) -> str | None:
@@ -162,7 +151,7 @@ def dry_run(profile: str = "cpu", chapters: Sequence[int] | None = None, overrid
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"{where}: papermill cannot inject the parameters: {exc}")
                 continue
-            default_src, injected_src = _parameter_cells(json.loads(out.read_text(encoding="utf-8")))
+            default_src, injected_src = parameter_cells(json.loads(out.read_text(encoding="utf-8")))
             defaults: dict[str, Any] = {}
             try:
                 exec(compile(default_src, f"{nb.name}[parameters]", "exec"), {}, defaults)  # noqa: S102

@@ -412,10 +412,10 @@ def search_index(chapters: Sequence[tuple[int, str]], executed: Mapping[int, Any
     return entries
 
 
-def instrument_block(out: Path) -> str:
+def instrument_block(out: Path, executed: Mapping[int, Any] | None = None) -> str:
     from studylib.workbook import instrument
 
-    return instrument.block(out)
+    return instrument.block(out, found=instrument.card(out, executed))
 
 
 def _why(out: Path) -> tuple[str, str]:
@@ -501,7 +501,7 @@ def write_front_page(out: Path, index: Mapping[str, Any], chapters: Sequence[tup
            "its engine, context and how it was measured (the same lines are saved as data beside this page). The "
            "same kind of number differs between chapters because the engine, the arithmetic or the context "
            "differs; a line that says &ldquo;one process&rdquo; is a repeat inside one run, not a whole run.</p>",
-           card] if (card := instrument_block(out)) else []),
+           card] if (card := instrument_block(out, executed)) else []),
         "<h2>Rerun it</h2>",
         "<p>On a CPU, with the embedded model (each chapter takes about as long as the table above says; a first run "
         "also installs the packages and unpacks the model and data; chapter 2 reads the draft head shipped with the "

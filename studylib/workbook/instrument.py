@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import html
 import json
-import re
 import statistics
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 
 from studylib.workbook.same_kind import _chapter_data as _chapter
 from studylib.workbook.same_kind import _finite
+from studylib.workbook.tables import BLOCK_FORMAT
 
 CHAPTERS = range(1, 9)
 KINDS = ("bandwidth", "step", "v", "c")
@@ -55,7 +55,7 @@ def _engine(params: Mapping[str, Any]) -> str:
     return f"dense {params.get('dtype', 'float32')}"
 
 
-_WEIGHTS = re.compile(r"^(?:dense|gguf|awq4|i?q[1-8](?:_[a-z0-9]{1,3}){1,2})$")
+_WEIGHTS = {"dense", "gguf", "awq4"}  # and every block format (page_check.BLOCK_FORMAT: q4_1, q8_0, ...)
 _ACTS = {"fp32", "int8", "bf16"}
 
 
@@ -65,7 +65,7 @@ def _engine_named(name: str) -> str:
     per-op" is not "dense"), and a name that is no weight format (an arm such as "kv_int8") stays itself."""
     weights, _, rest = str(name).replace("@", " ").partition(" ")
     words = rest.split()
-    if not _WEIGHTS.match(weights):
+    if weights not in _WEIGHTS and not BLOCK_FORMAT.match(weights):
         return str(name)
     act = next((w for w in words if w in _ACTS), None)
     extra = " ".join(w for w in words if w != act)
@@ -73,33 +73,34 @@ def _engine_named(name: str) -> str:
     return f"{base} ({extra})" if extra else base
 
 
-def _executed_params(out: Path, chapter: int) -> dict[str, Any]:
+def _executed_params(notebook: Mapping[str, Any]) -> dict[str, Any]:
     """The parameters a chapter ran with, from its executed notebook: the defaults cell overridden by
     papermill's injected cell (a default the profile does not set, such as chapter 1's ``rows_context``, is
     recorded nowhere else). Literal assignments only; anything else is left out."""
     import ast
 
-    path = Path(out) / f"ch{chapter:02d}.ipynb"
-    try:
-        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    except (OSError, ValueError, KeyError):
-        return {}
+    from studylib.workbook.paths import parameter_cells
+
     found: dict[str, Any] = {}
-    for tag in ("parameters", "injected-parameters"):
-        for cell in cells:
-            if tag not in (cell.get("metadata") or {}).get("tags", []):
-                continue
-            try:
-                tree = ast.parse("".join(cell.get("source") or ""))
-            except SyntaxError:
-                continue
-            for node in tree.body:
-                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                    try:
-                        found[node.targets[0].id] = ast.literal_eval(node.value)
-                    except ValueError:
-                        pass
+    for source in parameter_cells(notebook):
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                try:
+                    found[node.targets[0].id] = ast.literal_eval(node.value)
+                except ValueError:
+                    pass
     return found
+
+
+def _read_notebook(out: Path, chapter: int) -> dict[str, Any]:
+    try:
+        return json.loads((Path(out) / f"ch{chapter:02d}.ipynb").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
 
 
 # The fields a line's ``cond`` may carry. Two lines are one quantity when kind, k and IDENTITY agree; they
@@ -339,9 +340,10 @@ def compare(lines: Iterable[Mapping[str, Any]]) -> tuple[list[dict], list[str]]:
     return notes, defects
 
 
-def card(out: Path) -> dict[str, Any]:
+def card(out: Path, executed: Mapping[int, Any] | None = None) -> dict[str, Any]:
     """The card of the run whose results are in ``out``: every line, then the bandwidth over every whole
-    run of every chapter (median, range, count): the one machine-level number all chapters share."""
+    run of every chapter (median, range, count): the one machine-level number all chapters share.
+    ``executed``: the executed notebooks by chapter, when the caller has read them already."""
     lines: list[dict] = []
     index = Path(out) / "index.json"
     runs = (json.loads(index.read_text(encoding="utf-8")).get("chapters") or {}) if index.exists() else {}
@@ -349,7 +351,8 @@ def card(out: Path) -> dict[str, Any]:
         data = _chapter(out, ch)
         if data:
             # a chapter's JSON keeps the common parameters; the run's record in index.json has all of them
-            data = {**data, "params": {**_executed_params(out, ch), **((runs.get(str(ch)) or {}).get("params") or {}),
+            nb = executed[ch] if executed is not None and ch in executed else _read_notebook(out, ch)
+            data = {**data, "params": {**_executed_params(nb), **((runs.get(str(ch)) or {}).get("params") or {}),
                                        **(data.get("params") or {})}}
             lines += _bandwidth(ch, data) + _steps_and_v(ch, data) + _costs(ch, data)
     bw = [x["value"] for x in lines if x["kind"] == "bandwidth"]

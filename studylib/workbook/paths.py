@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 PROFILES = ("smoke", "cpu", "gpu")
 
@@ -52,3 +54,16 @@ def read_index(out_dir: Path) -> dict:
         return json.loads((Path(out_dir) / "index.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return {}
+
+
+def parameter_cells(notebook: Mapping[str, Any]) -> tuple[str, str]:
+    """Where a notebook's parameters are: the source of its default parameters cell and of papermill's
+    injected cell (empty where it has none)."""
+    default = injected = ""
+    for cell in notebook.get("cells", []):
+        tags = cell.get("metadata", {}).get("tags", [])
+        if "parameters" in tags:
+            default = "".join(cell["source"])
+        if "injected-parameters" in tags:
+            injected = "".join(cell["source"])
+    return default, injected

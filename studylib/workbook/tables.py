@@ -12,9 +12,10 @@ to JSON, are untouched.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
+
+from studylib.workbook.page_check import BLOCK_FORMAT, SNAKE
 
 NOT_MEASURED = "not measured"
 _UNITS = (("_tok_s", "tok/s"), ("_req_s", "req/s"), ("_gbs", "GB/s"), ("_gflops", "GFLOP/s"), ("_mib", "MiB"),
@@ -54,16 +55,19 @@ _IDENTIFIERS = {"few_shot": "few-shot", "multi_turn": "multi-turn", "tree_of_tho
                 "kv_int8": "int8 KV", "prompt_tokens": "prompt tokens", "max_new_tokens": "output budget (tokens)",
                 "throughput_gain": "throughput gain", "attention_speedup": "attention speed-up",
                 "llama_cpp_batch": "llama.cpp batch", "v_k": "v(k)"}
-_SNAKE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
-_BLOCK_FORMAT = re.compile(r"^i?q[1-8](?:_[a-z0-9]{1,3}){1,2}$")
+
+
+def _tokens(text: str) -> list[str]:
+    """The words of a snake_case (or kebab-case) name, each as a reader knows it ("ttft" -> "TTFT")."""
+    return [_WORDS.get(w.lower(), w) for w in text.replace("-", "_").split("_") if w]
 
 
 def words(text: str) -> str:
     """A snake_case identifier as a reader's words ("few_shot" -> "few-shot", "dense_perop" -> "dense (per-op
     path)", "ttft_p99_s" -> "TTFT p99 s"); anything else, block formats included, as it is."""
-    if not _SNAKE.match(text) or _BLOCK_FORMAT.match(text):
+    if not SNAKE.match(text) or BLOCK_FORMAT.match(text):
         return text
-    return _IDENTIFIERS.get(text) or " ".join(_WORDS.get(w, w) for w in text.split("_"))
+    return _IDENTIFIERS.get(text) or " ".join(_tokens(text))
 
 
 def key_words(key: Any) -> str:
@@ -88,7 +92,7 @@ def header(name: Any) -> str:
             if text.endswith(suffix) and len(text) > len(suffix):
                 text, unit = text[: -len(suffix)], u
                 break
-    words = [_WORDS.get(w.lower(), w) for w in text.replace("-", "_").split("_") if w]
+    words = _tokens(text)
     out = " ".join(words)
     if words and words[0] not in _SYMBOLS:
         out = out[:1].upper() + out[1:] if out and out[0].islower() else out
