@@ -10,13 +10,18 @@ from studylib.claims import FAILS, HOLDS, INCONCLUSIVE
 from studylib.experiments import ch05_interplay as inter
 from studylib.experiments import ch05_runs as runs5
 
+LOOKUP = "interaction:continuous+radix+lookup:8,3"
 
-def whole_runs_of(ttft_gains, tpot_gains):
-    """Whole runs whose per-run TTFT and TPOT gains (without / with the cache) are the given ones."""
+
+def whole_runs_of(ttft_gains, tpot_gains, lookup=(0.70, 0.71, 0.69, 0.72, 0.70)):
+    """Whole runs whose per-run TTFT and TPOT gains (without / with the cache) and lookup interaction (the
+    lookup's gain inside the batch over its gain alone; None: no lookup arm) are the given ones."""
     from studylib.bench.whole_runs import WholeRuns
 
-    return WholeRuns("synthetic:run", {}, [{"metrics": {"ttft_gain:continuous": a, "tpot_gain:continuous": b}}
-                                           for a, b in zip(ttft_gains, tpot_gains, strict=True)])
+    lookup = [None] * len(ttft_gains) if lookup is None else lookup
+    return WholeRuns("synthetic:run", {}, [
+        {"metrics": {"ttft_gain:continuous": a, "tpot_gain:continuous": b, **({LOOKUP: c} if c is not None else {})}}
+        for a, b, c in zip(ttft_gains, tpot_gains, lookup[: len(ttft_gains)], strict=True)])
 
 
 TTFT = [1.9, 2.0, 2.1, 1.95, 2.05]
@@ -70,7 +75,28 @@ def test_below_five_runs_c8_is_inconclusive_whichever_way_it_went():
 def test_rows_are_judged_as_declared():
     for tpot in (FLAT, FASTER, FLAT[:3], EDGE):
         rows = runs5.judge_c8(whole_runs_of(TTFT[: len(tpot)], tpot), "c")
-        assert len(decisions.stamp(rows, 5)) == 2
+        assert len(decisions.stamp(rows, 5)) == 3
+    assert len(decisions.stamp(runs5.judge_c8(whole_runs_of(TTFT, FLAT, lookup=None), "c"), 5)) == 3
+
+
+def test_speculation_inside_the_batch_is_the_second_part():
+    """C8's other example, measured: the lookup's gain inside the batch over its gain alone. Below 1 holds,
+    wholly above 1 does not, across 1 (or too few runs, or no lookup arm) decides nothing; C8@5 is both
+    parts at once."""
+    def part(**kw):
+        rows = runs5.judge_c8(whole_runs_of(TTFT, FLAT, **kw), "c")
+        return rows[0], next(r for r in rows if r.metric.startswith(runs5.C8_BATCH))
+
+    decision, shrinks = part()
+    assert shrinks.verdict == HOLDS and decision.verdict == HOLDS and (shrinks.unit, shrinks.n) == ("whole runs", 5)
+    assert shrinks.measured == __import__("pytest").approx(0.704, rel=0.01)
+    decision, grows = part(lookup=[1.4, 1.42, 1.38, 1.41, 1.39])
+    assert grows.verdict == FAILS and decision.verdict == FAILS
+    assert part(lookup=[0.9, 1.1, 1.0, 0.95, 1.05])[1].verdict == INCONCLUSIVE  # across 1: neither
+    decision, missing = part(lookup=None)
+    assert missing.verdict == INCONCLUSIVE and "not measured" in missing.metric and decision.verdict == INCONCLUSIVE
+    few = runs5.judge_c8(whole_runs_of(TTFT[:3], FLAT[:3]), "c")
+    assert next(r for r in few if r.metric.startswith(runs5.C8_BATCH)).verdict == INCONCLUSIVE
 
 
 def test_the_c8_sentence_names_the_verify_block_the_table_was_built_for():
@@ -90,6 +116,12 @@ def test_the_band_is_wider_than_what_the_instrument_can_resolve():
     assert 0.10 < floor < inter.EQUIVALENCE_DELTA
     same = whole_runs_of(TTFT, [1.0] * 5).estimate("tpot_gain:continuous", confidence)
     assert same.ci_high - 1 == __import__("pytest").approx(floor, rel=1e-6)
+    # and it can hold with the margin every bound keeps from an edge (its own Monte Carlo error): a third
+    # condition in C8's family would push identical runs past the band (98.3%: 1.263 > 1.25)
+    from studylib.verdict import guard
+
+    assert same.ci_high + guard(same.mc_error) < 1 + inter.EQUIVALENCE_DELTA
+    assert runs5.judge_c8(whole_runs_of(TTFT, [1.0] * 5), "c")[1].verdict == HOLDS
 
 
 def test_a_bound_within_its_own_error_of_a_band_edge_is_neither_inside_nor_outside():

@@ -22,11 +22,56 @@ ENGINE = {"block_size": 4, "kv_budget_mib": 4, "max_running": 8}
 
 
 def test_parse_arm_accepts_the_chapter_arms_and_names_the_fix():
-    assert ch05.parse_arm("continuous+radix") == ("continuous", "radix")
-    assert ch05.parse_arm("static") == ("static", "none")
-    for bad in ("static+radix", "batched", "continuous+trie"):
+    assert ch05.parse_arm("continuous+radix") == ("continuous", "radix", None)
+    assert ch05.parse_arm("static") == ("static", "none", None)
+    assert ch05.parse_arm("continuous+radix+lookup:8,3") == ("continuous", "radix", "prompt-lookup:8,3")
+    assert ch05.parse_arm("sequential+lookup:4,2") == ("sequential", "none", "prompt-lookup:4,2")
+    for name in ("continuous+radix+lookup:8,3", "sequential", "continuous+lookup:2,1"):
+        assert ch05.arm_name(*ch05.parse_arm(name)) == name  # names round-trip
+    assert ch05.base_arm("continuous+radix+lookup:8,3") == "continuous+radix"
+    for bad in ("static+radix", "batched", "continuous+trie", "static+lookup:8,3", "continuous+lookup",
+                "continuous+lookup:0,3", "continuous+lookup:8,3+radix", "continuous+radix+radix"):
         with pytest.raises(StudylibError, match="arm"):
             ch05.parse_arm(bad)
+
+
+def test_the_lookup_interaction_is_its_gain_in_the_batch_over_its_gain_alone():
+    from studylib.experiments import ch05_runs
+
+    m = {"throughput:sequential": 10.0, "throughput:sequential+lookup:8,3": 12.0,
+         "throughput:continuous+radix": 40.0, "throughput:continuous+radix+lookup:8,3": 36.0}
+    assert ch05_runs.lookup_interactions(m) == {"interaction:continuous+radix+lookup:8,3": pytest.approx(0.9 / 1.2)}
+    from studylib.bench.whole_runs import WholeRuns
+
+    runs = WholeRuns("t:f", {}, [{"metrics": {**m, "gain:sequential+lookup:8,3/sequential": 1.2 + d,
+                                              "gain:continuous+radix+lookup:8,3/continuous+radix": 0.9 + d,
+                                              **ch05_runs.lookup_interactions(m)}} for d in (0, .01, -.01, .02, 0)])
+    text = ch05_runs.lookup_text(runs)
+    assert "1.20x" in text and "0.90x" in text and "took away part of the lookup's gain" in text
+    assert "not measured" in ch05_runs.lookup_text(WholeRuns("t:f", {}, [{"metrics": {"throughput:sequential": 1.0}}]))
+    # without the lookup alone (or the batch without the lookup) there is nothing to divide by
+    assert ch05_runs.lookup_interactions({k: v for k, v in m.items() if "sequential+" not in k}) == {}
+    assert ch05_runs.lookup_interactions({k: v for k, v in m.items() if k != "throughput:continuous+radix"}) == {}
+
+
+def test_speculating_arms_serve_the_same_tokens_as_ar_and_their_runs_measure_the_interaction(tiny):
+    """The forced stack's arm in chapter 5: prompt lookup inside the continuous + radix batch equals
+    single-request AR (the equality table), and a whole run reports the lookup's gains and interaction."""
+    from studylib.experiments import ch05_runs
+
+    model, tok = tiny
+    items = synthetic_workload(6, seed=3, output_len=(4, 8))
+    arms = ["sequential", "sequential+lookup:4,2", "continuous+radix", "continuous+radix+lookup:4,2"]
+    runs, _, outputs = ch05.saturation_runs(model, tok, items, arms, 2, engine=ENGINE)
+    eq = ch05.equality(model, tok, items, outputs, 6)
+    assert set(eq["arm"]) == set(arms) and (eq["identical"] == eq["requests"]).all()
+    rec = ch05.c7_record(ch05.saturation_gains(runs), runs, "c")
+    assert {a["arm"] for a in rec["arms"]} == set(arms)
+    out = ch05_runs.timing_run("tiny-random", "dense", "fp32", 6, "chat", 0, 1, 0, 6, 2, arms, ENGINE,
+                               run_index=1, run_count=2)
+    for key in ("gain:continuous+radix+lookup:4,2/sequential", "gain:continuous+radix+lookup:4,2/continuous+radix",
+                "gain:sequential+lookup:4,2/sequential", "interaction:continuous+radix+lookup:4,2"):
+        assert out[key] > 0
 
 
 def test_saturation_runs_split_sequential_serves_every_request_once(tiny):

@@ -321,7 +321,7 @@ def test_c8_at_7_decides_on_the_sparse_growth_over_whole_runs_and_shows_the_rest
     from studylib import decisions
 
     checks = report.c8_checks(*c8_inputs(), growth_runs=growth_runs())
-    assert len(checks) == 4 and sum(c["measured"] for c in checks.values()) == 1
+    assert len(checks) == 5 and sum(c["measured"] for c in checks.values()) == 1
     assert {c["kind"] for c in checks.values() if c.get("shown")} == {report.C8_PREFIX, report.C8_STACK}
     rows = report.judge_c8(checks, "c")
     assert rows[0].verdict == HOLDS and len(rows) == 2 and "not counted (models)" in rows[0].conditions
@@ -354,9 +354,71 @@ def test_sparse_growth_is_judged_over_whole_runs():
     assert g["n"] == 10 and g["ci_low"] > 1 and (g["shortest"], g["longest"]) == (256, 2048)
 
 
+def batch_runs(ratio=0.7, n=5, spread=0.01, arm="continuous+radix+lookup:8,3"):
+    """Chapter 5's whole runs with the forced stack: throughputs whose lookup interaction is ``ratio``."""
+    from studylib.bench.whole_runs import WholeRuns
+    from studylib.experiments import ch05_runs
+
+    rng = np.random.default_rng(7)
+    runs = []
+    for _ in range(n):
+        t = {"sequential": 10.0, "sequential+lookup:8,3": 12.0 * (1 + spread * rng.standard_normal()),
+             "continuous+radix": 40.0}
+        t[arm] = 40.0 * 1.2 * ratio * (1 + spread * rng.standard_normal())
+        m = {f"throughput:{a}": v for a, v in t.items()}
+        m.update({f"gain:{arm}/continuous+radix": t[arm] / 40.0, **ch05_runs.lookup_interactions(m)})
+        runs.append({"metrics": m})
+    return WholeRuns("t:f", {}, runs)
+
+
+def test_chapter_7_shows_speculation_inside_the_batch_which_chapter_5_decides():
+    """The forced stack's C8 reading is chapter 5's (C8@5 over its whole runs): chapter 7 lists it as shown,
+    never as a row of its own, and says when chapter 5 did not measure it."""
+    from studylib import decisions
+
+    checks = report.c8_checks(*c8_inputs(), growth_runs=growth_runs(), batch_runs=batch_runs(0.7))
+    batch = [v for v in checks.values() if v["kind"] == report.C8_BATCH]
+    assert len(batch) == 1 and batch[0]["shown"] and not batch[0]["measured"] and batch[0]["passed"]
+    assert not [v for v in checks.values() if v["kind"] == report.C8_BATCH and v["measured"]]
+    rows = report.judge_c8(checks, "c")
+    decisions.stamp(rows, 7)
+    assert not any(r.metric.startswith(report.C8_BATCH) for r in rows) and report.C8_BATCH in rows[0].conditions
+    grew = report.c8_checks(*c8_inputs(), growth_runs=growth_runs(), batch_runs=batch_runs(1.4))
+    assert not next(v for v in grew.values() if v["kind"] == report.C8_BATCH)["passed"]
+    checks = report.c8_checks(*c8_inputs(), growth_runs=growth_runs(), batch_runs=None)
+    assert any(k.startswith(f"{report.C8_BATCH}: not measured") for k in checks)
+
+
+def test_the_forced_stack_is_a_throughput_part_of_its_own():
+    from studylib import decisions
+
+    tsum = pd.DataFrame({"policy": ["continuous + radix", sys7.FORCED_POLICY], "gain": [9.0, 3.0],
+                         "gain_low": [8.5, 2.8], "gain_high": [9.5, 3.2], "repeats": [5, 5],
+                         "throughput_tok_s": [90.0, 30.0], "arm": ["continuous+radix", "continuous+radix+lookup:8,3"],
+                         "method": ["t on the log of the per-run medians (4 df)"] * 2})
+    rows = report.judge_c7(stacks_frame([1.6], [1.0], [3.9]), tsum, "c", "s", latency_runs=latency_runs([1.6]))
+    forced = [r for r in rows if r.metric == report.FORCED_METRIC]
+    assert len(forced) == 1 and forced[0].verdict == FAILS and forced[0].role == "part"
+    assert row(rows, "throughput at saturation vs AR one at a time (x)").verdict == HOLDS
+    decisions.stamp(rows, 7)
+    text = report.forced_text(tsum, batch_runs(0.7))
+    assert "3.00x [2.80, 3.20]" in text and "costs throughput" in text
+    frame = sys7.forced_stack_frame(tsum)
+    assert list(frame["stack"]) == ["continuous + radix", sys7.FORCED_POLICY]
+    assert "not served" in report.forced_text(tsum.iloc[:1])
+
+
+def test_chapter_5s_arm_names_read_as_chapter_7s_policies():
+    assert sys7.policy_name("continuous+radix") == sys7.BEST_POLICY
+    assert sys7.policy_name("continuous+radix+lookup:8,3") == sys7.FORCED_POLICY
+    assert sys7.policy_name("sequential+lookup:4,2") == "sequential + prompt lookup"
+    assert sys7.policy_name("static") == "static"
+
+
 def test_a_declared_stacking_check_with_nothing_to_compare_is_named_not_dropped():
     spec, prefix, sparse, inter = c8_inputs()
-    checks = report.c8_checks(spec, prefix, sparse, inter.iloc[0:0], growth_runs=growth_runs())
+    checks = report.c8_checks(spec, prefix, sparse, inter.iloc[0:0], growth_runs=growth_runs(),
+                              batch_runs=batch_runs())
     gone = [k for k, v in checks.items() if v.get("kind") == "unmeasured"]
     assert len(gone) == 1 and gone[0].startswith(report.C8_STACK) and "not measured" in gone[0]
     rows = report.judge_c8(checks, "c")

@@ -42,8 +42,27 @@ ANCHORS = [
 ]
 
 
-def arm_name(scheduler: str, prefix_cache: str) -> str:
-    return scheduler if prefix_cache == "none" else f"{scheduler}+{prefix_cache}"
+# An arm may carry speculation into the batch: "+lookup:GAMMA,NGRAM" after its scheduler and cache, e.g.
+# "continuous+radix+lookup:8,3" (each greedy request verifies up to GAMMA tokens copied from its own text
+# inside the batched step; ``EngineConfig.speculate``). Chapter 7's forced stack is that arm.
+LOOKUP = "lookup"
+
+
+def arm_name(scheduler: str, prefix_cache: str, speculate: str | None = None) -> str:
+    name = scheduler if prefix_cache == "none" else f"{scheduler}+{prefix_cache}"
+    if speculate:
+        name += f"+{LOOKUP}:{speculate.partition(':')[2]}"
+    return name
+
+
+def base_arm(name: str) -> str:
+    """The arm ``name`` without its speculation: ``continuous+radix+lookup:8,3`` -> ``continuous+radix``."""
+    sched, prefix, _ = parse_arm(name)
+    return arm_name(sched, prefix)
+
+
+def speculates(name: str) -> bool:
+    return bool(parse_arm(name)[2])
 
 
 def chapter_workload(tokenizer, n: int, max_new_tokens: int, min_new_tokens: int | None = None,
@@ -77,10 +96,12 @@ def _row(arm: str, scheduler: str, prefix: str, rate: float, repeat: int, summar
 
 
 def serve(model, tokenizer, items: Sequence[WorkloadItem], scheduler: str, prefix_cache: str, rate: float,
-          seed: int = 0, engine: Mapping | None = None):
-    """One run of one arm at one rate on fresh copies of ``items``; returns (requests, ServingRun)."""
+          seed: int = 0, engine: Mapping | None = None, speculate: str | None = None):
+    """One run of one arm at one rate on fresh copies of ``items``; returns (requests, ServingRun).
+    ``speculate``: the arm's in-batch prompt lookup (``prompt-lookup:GAMMA,NGRAM``), or None."""
     reqs = to_requests(list(items), tokenizer, rate=rate, seed=seed)
-    config = EngineConfig(scheduler=scheduler, prefix_cache=prefix_cache, **dict(engine or {}))
+    config = EngineConfig(scheduler=scheduler, prefix_cache=prefix_cache,
+                          **{**dict(engine or {}), **({"speculate": speculate} if speculate else {})})
     return reqs, Engine(model, config, tokenizer).run(reqs)
 
 
@@ -110,15 +131,26 @@ def rate_sweep(model, tokenizer, items: Sequence[WorkloadItem], rates: Iterable[
     return pd.DataFrame(rows), timelines, outputs
 
 
-def parse_arm(name: str) -> tuple[str, str]:
-    """``continuous+radix`` -> ("continuous", "radix"); ``static`` -> ("static", "none")."""
-    sched, _, prefix = name.partition("+")
-    if sched not in ("sequential", "static", "continuous") or prefix not in ("", "radix"):
-        raise StudylibError(f"unknown arm {name!r}; use sequential, static or continuous, optionally +radix "
-                            "(static cannot share KV blocks).")
-    if sched == "static" and prefix:
-        raise StudylibError("static+radix is not an arm: static batching's dense padded cache cannot share KV blocks.")
-    return sched, prefix or "none"
+def parse_arm(name: str) -> tuple[str, str, str | None]:
+    """``continuous+radix`` -> ("continuous", "radix", None); ``static`` -> ("static", "none", None);
+    ``continuous+radix+lookup:8,3`` -> ("continuous", "radix", "prompt-lookup:8,3")."""
+    sched, *rest = name.split("+")
+    prefix = "radix" if rest[:1] == ["radix"] else "none"
+    rest = rest[1:] if prefix == "radix" else rest
+    speculate = None
+    if rest and rest[0].startswith(f"{LOOKUP}:"):
+        gamma, _, ngram = rest[0].partition(":")[2].partition(",")
+        if not (gamma.isdigit() and ngram.isdigit() and int(gamma) >= 1 and int(ngram) >= 1):
+            raise StudylibError(f"arm {name!r}: give the lookup as lookup:GAMMA,NGRAM with both >= 1 "
+                                "(e.g. continuous+radix+lookup:8,3).")
+        speculate, rest = f"prompt-{LOOKUP}:{int(gamma)},{int(ngram)}", rest[1:]
+    if sched not in ("sequential", "static", "continuous") or rest:
+        raise StudylibError(f"unknown arm {name!r}; use sequential, static or continuous, optionally +radix, then "
+                            "optionally +lookup:GAMMA,NGRAM (static cannot share KV blocks or speculate).")
+    if sched == "static" and (prefix != "none" or speculate):
+        raise StudylibError(f"{name} is not an arm: static batching's dense padded cache cannot share KV blocks "
+                            "or roll back a draft; use sequential or continuous.")
+    return sched, prefix, speculate
 
 
 def saturation_runs(model, tokenizer, items: Sequence[WorkloadItem], arms: Sequence[str], repeats: int,
@@ -140,15 +172,15 @@ def saturation_runs(model, tokenizer, items: Sequence[WorkloadItem], arms: Seque
     # One untimed pass of each arm on a few short requests first: the first run of a code path pays
     # one-off costs (packing weights for the kernels, allocator growth) that belong to no arm.
     warm = [WorkloadItem(i.id, min(2, i.max_new_tokens), i.prompt, i.messages, i.prompt_ids) for i in items[:4]]
-    for sched, prefix in arms:
-        serve(model, tokenizer, warm, sched, prefix, math.inf, seed, engine)
-    plan = [(s, p, k) for k in range(repeats) for s, p in rotated(arms, k)]
-    for sched, prefix, k in progress_bar(plan, desc="ch05 saturation", leave=False):
-        arm = arm_name(sched, prefix)
+    for sched, prefix, spec in arms:
+        serve(model, tokenizer, warm, sched, prefix, math.inf, seed, engine, spec)
+    plan = [(*a, k) for k in range(repeats) for a in rotated(arms, k)]
+    for sched, prefix, spec, k in progress_bar(plan, desc="ch05 saturation", leave=False):
+        arm = arm_name(sched, prefix, spec)
         share = list(items[k::repeats]) if split_sequential and sched == "sequential" else list(items)
         if not share:
             continue
-        reqs, run = serve(model, tokenizer, share, sched, prefix, math.inf, seed, engine)
+        reqs, run = serve(model, tokenizer, share, sched, prefix, math.inf, seed, engine, spec)
         row = _row(arm, sched, prefix, math.inf, k, run.summary(slo), run)
         row["requests"] = len(share)
         rows.append(row)

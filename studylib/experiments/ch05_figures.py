@@ -17,11 +17,17 @@ EAGLE3_SGLANG = {2: 1.81, 64: 1.38}
 
 
 def _arm_palette(arms) -> dict[str, str]:
-    # An arm keeps its scheduler's colour; the +radix variant gets a darker shade of it.
+    # An arm keeps its scheduler's colour; the +radix variant gets a darker shade of it, and an arm that
+    # speculates in the batch a lighter tint of the arm it adds the lookup to.
     out = {}
     for a in arms:
-        base = mcolors.to_rgb(plots.color(a.split("+")[0]))
-        out[a] = mcolors.to_hex([c * 0.55 for c in base]) if "+" in a else mcolors.to_hex(base)
+        parts = a.split("+")
+        rgb = mcolors.to_rgb(plots.color(parts[0]))
+        if "radix" in parts:
+            rgb = tuple(c * 0.55 for c in rgb)
+        if any(p.startswith("lookup") for p in parts):
+            rgb = tuple(c + (1 - c) * 0.5 for c in rgb)
+        out[a] = mcolors.to_hex(rgb)
     return out
 
 

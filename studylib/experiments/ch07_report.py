@@ -31,8 +31,10 @@ from studylib.claims import (
 from studylib.errors import StudylibError
 from studylib.experiments import ch07_combined as cc
 from studylib.experiments.ch05_interplay import EQUIVALENCE_DELTA, band_state, ttft_not_tpot
+from studylib.experiments.ch05_runs import C8_BATCH
 from studylib.experiments.ch07_quality import QUALITY_BAR
 from studylib.experiments.ch07_stack import StackPlan, stack_arm_name
+from studylib.experiments.ch07_system import BEST_POLICY, FORCED_POLICY, policy_name
 from studylib.models import arithmetic
 from studylib.verdict import guard
 from studylib.workbook.tables import cell, key_words, span
@@ -308,11 +310,17 @@ def judge_quality(stacks: pd.DataFrame, conditions: str) -> list[Verdict]:
     return rows
 
 
-def judge_throughput(tsum: pd.DataFrame, conditions: str, policy: str = "continuous + radix") -> Verdict:
+FORCED_METRIC = "throughput at saturation vs AR one at a time, forced stack (x)"
+
+
+def judge_throughput(tsum: pd.DataFrame, conditions: str, policy: str = BEST_POLICY) -> Verdict:
+    """C7's throughput part for one serving stack: the selected one (``BEST_POLICY``) or the forced one
+    (``FORCED_POLICY``: prompt lookup inside the batch too), each its own declared row."""
     r = tsum[tsum.policy == policy].iloc[0]
     note = f"above the claimed 8-12x range ({r.gain:.3g}x)" if r.gain > THROUGHPUT_TOP else ""
     n = int(r.repeats) if "repeats" in tsum.columns else None
-    return judge_at_least("C7", "throughput at saturation vs AR one at a time (x)",
+    metric = FORCED_METRIC if policy == FORCED_POLICY else "throughput at saturation vs AR one at a time (x)"
+    return judge_at_least("C7", metric,
                           _est(r.gain, r.gain_low, r.gain_high, n, r.get("method"), r.get("mc_error")), THROUGHPUT_BAR, "8-12x",
                           "; ".join(x for x in (f"{policy}", conditions, note) if x), cc.CHAPTER, unit="whole runs")
 
@@ -336,9 +344,13 @@ def judge_c7(stacks: pd.DataFrame, tsum: pd.DataFrame, conditions: str, serving:
     throughput raised 8-12x. Quality and latency are judged on the same configuration (each workload's
     chosen stack, confirmation run); throughput on the serving stack. "End-to-end latency" has a second
     reading, what a user waits for at a given load (chapter 5's latency under load): when chapter 5 has
-    measured it, it is a fourth part. The decision is the weakest part."""
+    measured it, it is a fourth part. The forced stack (``FORCED_POLICY``: prompt lookup inside the continuous
+    batch with the radix cache, declared before the run) is a throughput part of its own beside the selected
+    serving stack. The decision is the weakest part (all must hold, so no correction for the extra part)."""
     parts = [*judge_quality(stacks, conditions), judge_latency(stacks, conditions, latency_runs),
              judge_throughput(tsum, f"{conditions}; {serving}")]
+    if FORCED_POLICY in set(tsum.policy):  # the declared forced stack is a part of its own: both must clear
+        parts.append(judge_throughput(tsum, f"{conditions}; {serving}", FORCED_POLICY))
     if under_load:
         parts.append(judge_latency_under_load(under_load, serving))
     return decide_parts("C7", "quality AND latency AND throughput at once", parts,
@@ -347,7 +359,7 @@ def judge_c7(stacks: pd.DataFrame, tsum: pd.DataFrame, conditions: str, serving:
 
 C8_PREFIX, C8_SPARSE, C8_STACK = ("prefix cache helps TTFT, not TPOT", "sparse attention gain grows with context",
                                   "stacked gains fall short of the product of their parts")
-# decide_conditions' names for the three measured interactions, as C8@7 declares its configurations
+# decide_conditions' names for the measured interactions, as C8@7 declares its configurations
 C8_NAMES = {C8_PREFIX: "prefix: TTFT not TPOT", C8_SPARSE: "sparse gain grows with context",
             C8_STACK: "stack below the product of its parts"}
 
@@ -366,7 +378,7 @@ def c8_confidence() -> float:
 
 def c8_checks(spec_gain: pd.DataFrame, prefix: pd.Series | None, sparse: pd.DataFrame,
               interactions: pd.DataFrame, delta: float = EQUIVALENCE_DELTA,
-              confidence: float | None = None, growth_runs=None) -> dict[str, dict]:
+              confidence: float | None = None, growth_runs=None, batch_runs=None) -> dict[str, dict]:
     """The interaction checks, each named with the numbers that decide it, its unit and n, and whether
     it is measured. Each entry: ``passed`` (the rule), ``checks`` (the named conditions behind it),
     ``measured``, ``kind`` (``C8_PREFIX``/``C8_SPARSE``/``C8_STACK``, or "model"), ``n``, ``unit``,
@@ -384,7 +396,11 @@ def c8_checks(spec_gain: pd.DataFrame, prefix: pd.Series | None, sparse: pd.Data
       bound clear of 1 by its Monte Carlo error. The in-process per-prompt reading (``sparse``,
       ``ch07_system.sparse_growth``) is shown beside it; without runs the row counts no whole runs;
     - stacked gains fall short of the product of their parts (requests, SHOWN, never deciding): a speed-up
-      ratio over requests in one run; ``interactions`` carries CIs corrected for the workloads tried.
+      ratio over requests in one run; ``interactions`` carries CIs corrected for the workloads tried;
+    - speculation's gain shrinks inside the batch (whole runs, SHOWN here, decided in chapter 5 as a part of
+      C8@5): from ``batch_runs``, chapter 5's whole runs of the forced stack, per run prompt lookup's
+      throughput gain inside the continuous + radix batch over its gain one request at a time
+      (``ch05_runs.lookup_interactions``); passes iff that ratio's CI lies below 1.
     """
     from studylib.claims import min_units
     from studylib.experiments.ch07_system import sparse_growth
@@ -460,7 +476,32 @@ def c8_checks(spec_gain: pd.DataFrame, prefix: pd.Series | None, sparse: pd.Data
         checks[f"{C8_STACK}: not measured (no workload's settled stack combines two or more techniques, so "
                "there is no product of parts to compare it with)"] = {"passed": False, "measured": False,
                                                                       "kind": "unmeasured"}
+    checks.update(batch_check(batch_runs, confidence))
     return checks
+
+
+def batch_check(batch_runs, confidence: float) -> dict[str, dict]:
+    """The forced stack's C8 reading, "speculation's gain shrinks inside the batch", from chapter 5's whole
+    runs (``ch05_runs.batch_readings``): shown here beside this chapter's interactions, decided in chapter 5
+    (C8@5), where its runs are."""
+    from studylib.experiments.ch05_batching import base_arm
+    from studylib.experiments.ch05_runs import batch_readings
+
+    readings = batch_readings(batch_runs, confidence) if batch_runs is not None else []
+    if not readings:
+        return {f"{C8_BATCH}: not measured (chapter 5's whole runs served no arm with prompt lookup inside the "
+                "batch beside the same lookup one request at a time)": {"passed": False, "measured": False,
+                                                                       "kind": "unmeasured"}}
+    out = {}
+    for r in readings:
+        e = r["estimate"]
+        out[f"{C8_BATCH} (prompt lookup's throughput gain inside the {policy_name(base_arm(r['arm']))} batch / its "
+            "gain one "
+            f"request at a time: {_ci(e.value, e.ci_low, e.ci_high)}, {ci_level(confidence)} CIs, n={e.n} whole runs; "
+            "decided in chapter 5)"] = {
+            "passed": r["state"] == "below", "measured": False, "shown": True, "kind": C8_BATCH, "n": int(e.n),
+            "unit": "whole runs", "confidence": confidence, "estimate": e}
+    return out
 
 
 def _c8_tried() -> int:
@@ -497,8 +538,9 @@ def judge_c8(checks: Mapping[str, dict], conditions: str) -> list[Verdict]:
     shown = [f"{k}: {'passes' if v['passed'] else 'does not pass'}" for k, v in checks.items()
              if not v["measured"] and v.get("shown")]
     note = "; ".join(x for x in (f"not counted (models): {'; '.join(models)}" if models else "",
-                                 "shown, not deciding (speed-ups over requests inside one process; chapter 5 "
-                                 f"decides the prefix interaction over whole runs): {'; '.join(shown)}"
+                                 "shown, not deciding (this chapter's prefix and stacking readings are speed-ups "
+                                 "over requests inside one process; chapter 5 decides the prefix interaction and "
+                                 f"speculation inside the batch over whole runs): {'; '.join(shown)}"
                                  if shown else "",
                                  f"{'; '.join(unmeasured)}" if unmeasured else "") if x)
     return decide_conditions("C8", "measured interactions of the stacked gains", rows,
@@ -541,6 +583,37 @@ def throughput_text(tsum: pd.DataFrame) -> str:
     best = tsum.loc[tsum.gain.idxmax()]
     return (f"Output tokens per second with every request queued at t = 0, and the gain over AR one at a time: {per}. "
             f"The highest is {best.policy} at {best.gain:.2f}x; the claim is {THROUGHPUT_BAR:g}-{THROUGHPUT_TOP:g}x.")
+
+
+def forced_text(tsum: pd.DataFrame, batch_runs=None) -> str:
+    """The forced stack beside the selected serving stack, in words, from the same numbers C7 and C8 judge:
+    each one's gain over AR one at a time and, from chapter 5's whole runs, what adding prompt lookup to
+    the batch did to its throughput."""
+    pol = set(tsum.policy)
+    if FORCED_POLICY not in pol:
+        return ("The forced stack (continuous batching + radix cache + prompt lookup inside the batch) was not served "
+                "here, so this page cannot say what prompt lookup adds to a batch.")
+    f = tsum[tsum.policy == FORCED_POLICY].iloc[0]
+    head = (f"The forced stack, {FORCED_POLICY}, declared before the run, serves {f.throughput_tok_s:.1f} tokens per "
+            f"second, {f.gain:.2f}x [{f.gain_low:.2f}, {f.gain_high:.2f}] AR one at a time")
+    if BEST_POLICY in pol:
+        b = tsum[tsum.policy == BEST_POLICY].iloc[0]
+        head += (f", beside the selected {BEST_POLICY} at {b.throughput_tok_s:.1f} tokens per second, {b.gain:.2f}x "
+                 f"[{b.gain_low:.2f}, {b.gain_high:.2f}]")
+    head += ". "
+    arm = f.get("arm") if "arm" in tsum.columns else None
+    metric = f"gain:{arm}/continuous+radix" if isinstance(arm, str) else None
+    e = batch_runs.get(metric) if batch_runs is not None and metric in batch_runs.metrics() else None
+    if e is None:
+        return head + "Both are judged for C7's throughput part (all parts must hold)."
+    effect = ("costs throughput" if e.ci_high < 1 else "adds throughput" if e.ci_low > 1 else
+              "changes throughput by less than these runs can resolve")
+    why = (" Each drafted token takes a row of a batched step that is already full, so it is paid at the step's "
+           "price instead of riding on idle compute." if e.ci_high < 1 else "")
+    return head + (f"Over chapter 5's {e.n} whole runs, adding prompt lookup to the batch {effect}: {e.value:.2f}x "
+                   f"[{e.ci_low:.2f}, {e.ci_high:.2f}] (95% CI over runs).{why} Both stacks are judged for C7's "
+                   "throughput part (all parts must hold), and chapter 5's C8 row judges how the lookup's gain "
+                   "changes between one request and the batch.")
 
 
 def checks_text(checks: Mapping[str, dict]) -> str:

@@ -43,6 +43,17 @@ POLICIES: dict[str, dict] = {
     "continuous + radix": {"scheduler": "continuous", "prefix_cache": "radix", "cache_aware": True},
 }
 BEST_POLICY = "continuous + radix"
+# The forced stack (declared in decisions.yaml, C7@7 and C8@7): the serving stack with prompt lookup carried
+# into the batched step, measured whatever the single-request results would have chosen.
+FORCED_POLICY = "continuous + radix + prompt lookup"
+
+
+def policy_name(arm: str) -> str:
+    """Chapter 5's arm name in this chapter's words: ``continuous+radix+lookup:8,3`` -> ``FORCED_POLICY``."""
+    from studylib.experiments.ch05_batching import parse_arm
+
+    sched, prefix, spec = parse_arm(arm)
+    return " + ".join([sched, *(["radix"] if prefix == "radix" else []), *(["prompt lookup"] if spec else [])])
 
 
 # ------------------------------------------------------------------------------------------ throughput
@@ -84,13 +95,22 @@ def _engine_run(model, tokenizer, prompts, max_new_tokens, config: dict) -> dict
 
 
 def throughput(model, tokenizer, prompts: Sequence[tuple[str, list[int]]], max_new_tokens: int,
-               policies: Sequence[str] = tuple(POLICIES), repeats: int = 1, kv_budget_mib: float = 1024.0,
+               policies: Sequence[str] | None = None, repeats: int = 1, kv_budget_mib: float = 1024.0,
                max_batch_tokens: int = 1024, max_running: int = 32, block_size: int = 16,
-               progress: bool | None = None) -> pd.DataFrame:
+               progress: bool | None = None, lookup: str | None = None) -> pd.DataFrame:
     """One row per (repeat, policy): output tokens per second with all requests at t = 0, and how many
-    outputs equal the AR baseline's. Policies run in a rotating order per repeat."""
+    outputs equal the AR baseline's. Policies run in a rotating order per repeat. ``lookup``
+    (``prompt-lookup:GAMMA,NGRAM``) adds the forced stack, ``FORCED_POLICY``, with that lookup in the batch."""
     from studylib.progress import progress_bar
 
+    configs = dict(POLICIES)
+    if lookup:
+        configs[FORCED_POLICY] = {**POLICIES[BEST_POLICY], "speculate": lookup}
+    policies = list(configs) if policies is None else list(policies)
+    unknown = [p for p in policies if p not in configs]
+    if unknown:
+        raise StudylibError(f"unknown serving policies {unknown}; choose from {list(configs)} (the forced stack needs "
+                            "lookup=prompt-lookup:GAMMA,NGRAM).")
     engine_opts = {"kv_budget_mib": kv_budget_mib, "max_batch_tokens": max_batch_tokens,
                    "max_running": max_running, "block_size": block_size}
     ref = None
@@ -100,7 +120,7 @@ def throughput(model, tokenizer, prompts: Sequence[tuple[str, list[int]]], max_n
         if pol == AR_POLICY:
             out = _ar_run(model, tokenizer, prompts, max_new_tokens)
         else:
-            out = _engine_run(model, tokenizer, prompts, max_new_tokens, {**POLICIES[pol], **engine_opts})
+            out = _engine_run(model, tokenizer, prompts, max_new_tokens, {**configs[pol], **engine_opts})
         tokens = sum(len(o) for o in out["outputs"])
         rows.append({"repeat": r, "policy": pol, "requests": len(prompts), "output_tokens": tokens,
                      "duration_s": out["duration_s"], "throughput_tok_s": tokens / out["duration_s"],
@@ -326,19 +346,22 @@ def serving_from_chapter5(out_dir: str | Path) -> dict | None:
     Chapter 5 serves 64+ requests at saturation in interleaved whole-run repeats, and measures the
     end-to-end latency a user sees at a given Poisson arrival rate; re-measuring a smaller version here
     would cost minutes and decide less. Returns {"tput": runs, "tsum": per-policy gains (this chapter's
-    columns), "serving": the conditions sentence, "under_load": the latency-under-load record}."""
+    columns), "serving": the conditions sentence, "under_load": the latency-under-load record,
+    "whole_runs": chapter 5's whole runs (``WholeRuns``, or None), where the forced stack's interaction
+    with batching is measured}."""
+    from studylib.bench.whole_runs import WholeRuns
+
     data = chapter_json(out_dir, 5)
     meas = (data or {}).get("measurements") or {}
     rec, load = meas.get("serving_for_c7"), meas.get("latency_under_load")
     if not rec or not rec.get("arms"):
         return None
-    name = {"continuous+radix": BEST_POLICY, "sequential": "sequential"}
     rows = []
     for a in rec["arms"]:
         ci = a.get("ci") or [None, None]
-        rows.append({"policy": name.get(a["arm"], a["arm"]), "throughput_tok_s": a["throughput_tok_s"],
+        rows.append({"policy": policy_name(a["arm"]), "throughput_tok_s": a["throughput_tok_s"],
                      "gain": a["gain"], "gain_low": ci[0], "gain_high": ci[1], "repeats": a["repeats"],
-                     "method": a.get("method"), "mc_error": a.get("mc_error", 0.0)})
+                     "method": a.get("method"), "mc_error": a.get("mc_error", 0.0), "arm": a["arm"]})
     tsum = pd.DataFrame(rows)
     runs = pd.DataFrame(meas.get("runs") or [])
     n = int(runs["requests"].max()) if "requests" in runs else None
@@ -347,4 +370,18 @@ def serving_from_chapter5(out_dir: str | Path) -> dict | None:
                f"time; {n} requests per saturation run, "
                + (f"{int(tsum['repeats'].max())} whole runs (fresh processes)" if over_runs else
                   f"{int(tsum['repeats'].max())} interleaved repeats in one process"))
-    return {"tput": runs, "tsum": tsum, "serving": serving, "under_load": load}
+    whole = meas.get("whole_runs")
+    return {"tput": runs, "tsum": tsum, "serving": serving, "under_load": load,
+            "whole_runs": WholeRuns(**whole) if whole else None}
+
+
+def forced_stack_frame(tsum: pd.DataFrame) -> pd.DataFrame:
+    """The selected serving stack beside the forced one (and the lookup alone, where measured): each one's
+    throughput and its gain over AR one at a time, so a reader sees what adding prompt lookup did."""
+    keep = [p for p in (BEST_POLICY, FORCED_POLICY, "sequential + prompt lookup") if p in set(tsum.policy)]
+    role = {BEST_POLICY: "selected serving stack", FORCED_POLICY: "forced stack (declared before the run)",
+            "sequential + prompt lookup": "the lookup alone, one request at a time"}
+    rows = tsum.set_index("policy").loc[keep].reset_index()
+    return pd.DataFrame({"stack": rows.policy, "role": rows.policy.map(role), "tokens per second": rows.throughput_tok_s,
+                         "gain over AR one at a time": rows.gain, "low": rows.gain_low, "high": rows.gain_high,
+                         "n": rows.repeats})
