@@ -1,6 +1,7 @@
 """Every "Try this" command works as printed: the reproduce ones pass ``studylib reproduce --dry-run``
 (parameter names and types against the notebooks, models and patterns resolved), each changes something
-in the cpu profile, and the others parse with their own command's parser."""
+in its profile (the class profile), each writes into a folder of its own, and the others parse with their
+own command's parser. Their times are measured, never asserted (the closing notes give them)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import shlex
 
 import pytest
 
-from studylib.workbook.exercises import EXERCISES, exercises_markdown, reproduce_command
+from studylib.workbook.exercises import EXERCISES, baseline_command, exercises_markdown, reproduce_command
 from studylib.workbook.paths import notebooks_dir
 from studylib.workbook.runner import discover, load_profile, parse_overrides
 
@@ -25,7 +26,7 @@ def test_command_works_as_printed(chapter, number, exercise, monkeypatch, capsys
     from studylib.cli import build_parser, main
 
     assert exercise.question.strip() and exercise.look_for.strip()
-    profile = load_profile("cpu", notebooks_dir() / "params")
+    profile = load_profile(exercise.profile, notebooks_dir() / "params")
     for command in exercise.commands(chapter):
         argv = shlex.split(command)
         while "=" in argv[0]:  # leading VAR=value assignments, as a shell reads them
@@ -39,7 +40,7 @@ def test_command_works_as_printed(chapter, number, exercise, monkeypatch, capsys
         args = build_parser().parse_args(argv[1:])
         overrides = parse_overrides(args.param)
         chapter_cfg = {**profile.get("common", {}), **profile.get(f"ch{int(args.chapters):02d}", {})}
-        if overrides:  # the change is a change: at least one value differs from the cpu profile's
+        if overrides:  # the change is a change: at least one value differs from the profile's
             assert any(chapter_cfg.get(k) != v for k, v in overrides.items()), command
 
 
@@ -55,8 +56,28 @@ def test_values_survive_the_round_trip():
 def test_markdown_lists_question_look_for_and_command():
     text = exercises_markdown(5)
     assert text.startswith("## Try this") and "*Look for:*" in text
-    assert "studylib reproduce --profile cpu --chapters 5" in text and "bench-serve" in text
+    assert "studylib reproduce --profile class --chapters 5" in text and "bench-serve" in text
+    assert baseline_command(5) in text  # the unchanged run each exercise is compared with
     assert exercises_markdown(99) == ""
+
+
+def test_every_exercise_has_its_own_folder_and_the_class_profile():
+    from studylib.workbook.paths import PROFILES
+
+    folders = [ex.folder(ch) for ch, _, ex in CASES]
+    assert len(set(folders)) == len(folders)
+    assert not any(f.endswith("-baseline") for f in folders)  # the unchanged run keeps its own
+    assert {ex.profile for _, _, ex in CASES} == {"class"} and "class" in PROFILES
+    for ch, _, ex in CASES:
+        for command in ex.commands(ch):
+            assert ex.folder(ch) in command, command
+    assert main_dry_run(baseline_command(3)) == 0
+
+
+def main_dry_run(command: str) -> int:
+    from studylib.cli import main
+
+    return main([*shlex.split(command)[1:], "--dry-run"])
 
 
 def test_every_exercise_writes_to_a_folder_of_its_own():

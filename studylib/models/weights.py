@@ -27,7 +27,6 @@ embedding change form.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -172,21 +171,19 @@ def _unpermute_rows(n: int, heads: int) -> torch.Tensor:
 
 
 def _gguf_tensors(cfg) -> dict[str, QuantTensor]:
-    import gguf
-
     from studylib.bench.provenance import record_artifact
+    from studylib.models.gguf_index import tensor_blocks, tensor_index
     from studylib.models.hub import smollm2_gguf
 
-    reader = gguf.GGUFReader(str(record_artifact("gguf", smollm2_gguf())))
-    raw = {t.name: t for t in reader.tensors}
+    path = record_artifact("gguf", smollm2_gguf())
+    raw = tensor_index(path)  # the tensor infos only: GGUFReader would parse the whole vocabulary first
 
     def block(name: str) -> QuantTensor:
         if name not in raw:
             raise StudylibError(f"the GGUF file has no tensor {name!r}; it is not the embedded SmolLM2 layout.")
         t = raw[name]
-        fmt = t.tensor_type.name.lower()
-        data = torch.from_numpy(np.array(t.data))  # a copy: the memory map closes with the reader
-        return QuantTensor(data, fmt, (data.shape[0], int(t.shape[0])))
+        data = torch.from_numpy(tensor_blocks(path, t))
+        return QuantTensor(data, t.fmt, (data.shape[0], int(t.shape[0])))
 
     def cat(parts: list[QuantTensor]) -> QuantTensor:
         if len({p.fmt for p in parts}) != 1:

@@ -1,7 +1,9 @@
 """The "Try this" exercises of every chapter, as data: a question, what to look for, and the change
-to the cpu profile that tests it. Commands are generated from the data, so each one runs the chapter
-with the profile's own settings plus the change (never the smoke defaults), and ``tests/test_exercises.py``
-checks every one as printed (``studylib reproduce --dry-run``: names, types, models, patterns).
+to the class profile that tests it (the cpu profile's engine at classroom sizes: a chapter in under two
+minutes on a 2-core CPU). Commands are generated from the data, so each one runs the chapter with the
+profile's own settings plus the change (never the notebook's defaults), each into a folder of its own,
+beside one unchanged run of the chapter (``baseline_command``); ``tests/test_exercises.py`` checks every
+one as printed (``studylib reproduce --dry-run``: names, types, models, patterns).
 
 The rendered pages take their "Try this" section from here (``studylib.workbook.book``); in Jupyter,
 ``show_exercises(N)`` prints the same list.
@@ -26,7 +28,9 @@ class Exercise:
     steps: tuple[tuple[int, Mapping[str, Any]], ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     command: str = ""  # a non-reproduce command (e.g. bench-serve), checked by its own parser
-    profile: str = "cpu"
+    # The classroom profile: the cpu profile's engine at sizes that keep one chapter under two minutes on a
+    # 2-core CPU (notebooks/params/class.yaml), so an exercise is a question a reader can ask in class.
+    profile: str = "class"
 
     def folder(self, chapter: int) -> str:
         """The exercise's own scratch folder, so two exercises never overwrite each other's reports."""
@@ -75,7 +79,7 @@ EXERCISES: dict[int, tuple[Exercise, ...]] = {
                  "sooner.", steps=((1, {"threads": 1}),)),
         Exercise("Long context", "At 2048 tokens of context, how much of each step's traffic is the KV cache?",
                  "the points sliding left on the roofline and the knee of the step-time curve moving.",
-                 steps=((1, {"context": 2048, "batches": [1, 4, 16]}),)),
+                 steps=((1, {"context": 2048}),)),
     ),
     2: (
         Exercise("Longer drafts", "Does a larger draft length γ commit more tokens per step, or waste more "
@@ -85,15 +89,16 @@ EXERCISES: dict[int, tuple[Exercise, ...]] = {
         Exercise("Prompt lookup where it should shine", "When the output quotes the input (summaries), how "
                  "far does copying from the prompt go?",
                  "the acceptance and speed-up of pld on XSum against chat.",
-                 steps=((2, {"n_chat": 0, "n_code": 0, "max_new_tokens": 64}),)),
-        Exercise("A cheaper self-draft", "Skipping more layers makes the self-draft cheaper but less accurate: "
-                 "which wins?", "α and the speed-up against the layer search's prediction.",
-                 steps=((2, {"self_budget": 20}),)),
-        Exercise("The distilled draft", "Why is a small draft model not in the default run? Add it (it trains on "
-                 "first use) and set its cost beside the EAGLE head's.",
+                 steps=((2, {"n_chat": 0, "n_code": 0, "n_xsum": 2, "max_new_tokens": 48}),)),
+        Exercise("A cheaper self-draft", "Exiting after 16 of the 30 layers instead of 24 makes the self-draft "
+                 "cheaper but less accurate: which wins?", "α, the draft's cost c and the self-draft's speed-up.",
+                 steps=((2, {"self_layers": "exit:16"}),)),
+        Exercise("The distilled draft", "Why is a small draft model not in the default run? Add it (a stand-in "
+                 "trained for 30 seconds: its cost does not depend on its training) and set its cost beside the "
+                 "EAGLE head's.",
                  "the draft table's measured c, one draft forward in target forwards, and what it leaves of the "
                  "speed-up whatever its acceptance.",
-                 steps=((2, {"distilled": True}),)),
+                 steps=((2, {"distilled": True, "draft_minutes": 0.5}),)),
     ),
     3: (
         Exercise("The paper's configuration", "Lookahead with W=7, N=5, G=7 and no prompt pool, as its authors "
@@ -115,54 +120,60 @@ EXERCISES: dict[int, tuple[Exercise, ...]] = {
                  steps=((4, {"capacity_tokens": 1280, "conversations": 4}),)),
         Exercise("Where TTFT gains end", "Halve the shared system prompt and lengthen the outputs: what happens "
                  "to the end-to-end gain?", "TTFT still drops, while the end-to-end ratio shrinks toward 1.",
-                 steps=((4, {"system_tokens": 512, "max_new_tokens": 48}),)),
+                 steps=((4, {"system_tokens": 128, "max_new_tokens": 24}),)),
     ),
     5: (
         Exercise("Less alike requests", "A wider spread of output lengths: which policy suffers most?",
                  "static batching's throughput against continuous batching's (rows finished early sit idle in a "
-                 "static batch).", steps=((5, {"min_new_tokens": 2, "max_new_tokens": 96}),)),
+                 "static batch).", steps=((5, {"min_new_tokens": 1, "max_new_tokens": 24}),)),
         Exercise("No shared system prompts", "Without shared prefixes, how much of the gain was the radix cache's?",
                  "continuous+radix falling back onto continuous.", steps=((5, {"system_tokens": 0}),)),
-        Exercise("Smaller prefill chunks", "Do 64-token chunks stop long prompts stalling running decodes?",
-                 "ITL and TPOT p99 against TTFT.", steps=((5, {"chunk_size": 64}),)),
+        Exercise("Smaller prefill chunks", "Do 32-token chunks stop long prompts stalling running decodes?",
+                 "ITL and TPOT p99 against TTFT.", steps=((5, {"chunk_size": 32}),)),
         Exercise("A tighter SLO", "Halve the TPOT limit: how much capacity is left?",
                  "the highest rate each arm sustains.", steps=((5, {"slo_tpot_factor": 1.5}),)),
         Exercise("Bursty arrivals", "The same mean rate, in bursts: what happens to p99 TTFT?",
                  "TTFT p99 against Poisson arrivals at the same rate.",
-                 command="studylib bench-serve --scheduler continuous --prefix-cache radix --rate 4 "
-                         "--burstiness 0.3 --num-requests 64"),
+                 command="studylib bench-serve --weights gguf --act int8 --scheduler continuous --prefix-cache radix "
+                         "--rate 4 --burstiness 0.3 --num-requests 32"),
     ),
     6: (
         Exercise("Without the sinks", "At the same budget, what does dropping the first tokens do?",
                  "the bare window's perplexity against sinks:4,W-4 (the attention-sink effect).",
-                 steps=((6, {"n_tokens": 2048, "quality_patterns": ["window:256", "sinks:4,252", "sinks:16,240"]}),)),
+                 steps=((6, {"n_tokens": 256, "quality_patterns": ["window:48", "sinks:4,44", "sinks:16,32"]}),)),
         Exercise("The needle farther away", "With the needle outside the window, can the sink cache answer?",
                  "window and sinks failing where Quest, at the same budget, still reads the page that holds it.",
-                 steps=((6, {"needle_lengths": [2048, 4096], "needle_depths": [0.1, 0.5, 0.9]}),)),
+                 steps=((6, {"needle_lengths": [600, 1200], "needle_depths": [0.1, 0.5]}),)),
         Exercise("A smaller Quest budget", "Fewer keys, or coarser pages: which costs Quest more quality?",
                  "KL divergence and the perplexity ratio of the two budgets.",
-                 steps=((6, {"doc_patterns": ["quest:budget=512", "quest:budget=512,page=32"]}),)),
+                 steps=((6, {"doc_patterns": ["quest:budget=96,recent=32", "quest:budget=96,page=32,recent=32"]}),)),
     ),
     7: (
         Exercise("Longer outputs", "The prefix cache removes only prefill: does its share of the gain shrink as "
                  "outputs grow?", "the prefix-cache arm's speed-up against the decoders' as outputs lengthen.",
-                 steps=((7, {"max_new_tokens": 96}),)),
+                 steps=((7, {"max_new_tokens": 24}),)),
         Exercise("A narrower window", "Halve the sparse-attention budget: does quality stay above 99%?",
                  "quality retained falling below the bar, which takes window attention out of every stack.",
-                 steps=((7, {"attention": "sinks:4,60"}),)),
+                 steps=((7, {"attention": "sinks:4,28"}),)),
         Exercise("Heavier saturation", "Twice the requests in flight: how close does the throughput gain get to "
-                 "8-12x?", "chapter 5's saturation gain, which chapter 7 then reads for C7.",
-                 steps=((5, {"n_requests": 128}), (7, {}))),
+                 "8-12x?", "chapter 5's saturation gain of continuous + radix over sequential serving, the number "
+                 "chapter 7 reads for C7 (this exercise reruns chapter 5 only).",
+                 steps=((5, {"n_requests": 12}),)),
     ),
     8: (
         Exercise("Only the lossless arm", "The GGUF blocks against the fp32 model, with twice the prompts: how "
                  "tight does the speed CI get?", "the CI of the gguf speed-up.",
-                 steps=((8, {"arms": ["dense", "gguf"], "n_prompts": 20}),)),
+                 steps=((8, {"arms": ["dense", "gguf"], "n_prompts": 4}),)),
         Exercise("The other ISA path", "Force the AVX2 build of the kernel on an AVX-512 machine: how much do "
                  "the wider registers buy?", "decode speed against the default run (the provenance names the build).",
                  steps=((8, {"arms": ["dense", "gguf", "q4_1"]}),), env={"STUDYLIB_QUANT_ISA": "avx2"}),
     ),
 }
+
+
+def baseline_command(chapter: int, profile: str = "class") -> str:
+    """The chapter once, unchanged, in the exercises' profile: what each exercise's report is compared with."""
+    return reproduce_command(chapter, {}, profile, f"/tmp/try{chapter:02d}-baseline")
 
 
 def exercises_markdown(chapter: int) -> str:
@@ -171,8 +182,11 @@ def exercises_markdown(chapter: int) -> str:
     if not items:
         return ""
     lines = ["## Try this", "",
-             "Each command reruns the chapter with the cpu profile's settings and one change, into a scratch "
-             "folder of its own (it takes about as long as the chapter); compare its report with this one.", ""]
+             "The exercises run the class profile: this chapter with the cpu profile's engine at classroom sizes, "
+             "under two minutes on a 2-core CPU, too few units for a verdict but enough to see each effect in the "
+             "point estimates. Run the chapter once unchanged, then each exercise; each writes into a folder of "
+             "its own, so compare its report with the unchanged one.", "",
+             "   ```text", f"   {baseline_command(chapter)}", "   ```", ""]
     for i, ex in enumerate(items, 1):
         lines.append(f"{i}. **{ex.title}.** {ex.question} *Look for:* {ex.look_for}")
         lines.append("")

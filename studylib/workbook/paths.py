@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-PROFILES = ("smoke", "cpu", "gpu")
+PROFILES = ("smoke", "class", "cpu", "gpu")
 
 
 def repo_root() -> Path:
