@@ -83,7 +83,8 @@ def test_try_this_comes_from_the_tested_exercises(tmp_path):
     out = _study(tmp_path)
     page = (out / "ch01.html").read_text(encoding="utf-8")
     assert "sweep_gammas=[...]" not in page and "show_exercises" not in page
-    assert "studylib reproduce --profile cpu --chapters 1 --out /tmp/try01-halve-the-bytes -p dtype=bfloat16" in page
+    assert "studylib reproduce --profile class --chapters 1 --out /tmp/try01-halve-the-bytes -p dtype=bfloat16" in page
+    assert "studylib reproduce --profile class --chapters 1 --out /tmp/try01-baseline" in page  # the unchanged run
     assert "Look for:" in page
 
 

@@ -125,6 +125,10 @@ def test_the_baseline_names_each_engine_with_its_arithmetic(tmp_path):
     from studylib.experiments.ch01_report import engine_words
 
     assert split_engine("gguf") == ("gguf", "fp32") and split_engine("gguf@int8") == ("gguf", "int8")
+    # the chapter's dtype is its dense model's: a block format loads in fp32 whatever it is (the bf16 exercise)
+    from studylib.bench.ar_bench import engine_dtype
+
+    assert [engine_dtype(w, "bfloat16") for w in ("dense", "gguf", "gguf@int8")] == ["bfloat16", "float32", "float32"]
     assert engine_words("gguf@int8").endswith("in int8 arithmetic") and "arithmetic" not in engine_words("gguf")
     est = {"value": 2.1, "ci_low": 2.0, "ci_high": 2.3, "n": 3}
     (tmp_path / "ch01.json").write_text(json.dumps({"measurements": {"ar_bench": {

@@ -34,6 +34,12 @@ def split_engine(name: str) -> tuple[str, str]:
     return weights, act or "fp32"
 
 
+def engine_dtype(name: str, dtype: str) -> str:
+    """The dtype engine ``name`` loads in: a chapter's ``dtype`` is its dense model's; a block format (gguf,
+    q4_1, ...) computes in fp32 whatever that is, as ``studylib bench --weights`` defaults it."""
+    return dtype if split_engine(name)[0] == "dense" else "float32"
+
+
 def run_ar_bench(
     model_name: str = "smollm2-135m",
     dtype: str = "bfloat16",

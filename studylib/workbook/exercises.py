@@ -84,21 +84,26 @@ EXERCISES: dict[int, tuple[Exercise, ...]] = {
     2: (
         Exercise("Longer drafts", "Does a larger draft length γ commit more tokens per step, or waste more "
                  "draft work on rejections?",
-                 "where the measured speed-up curve leaves the theory's (1 - α^(γ+1)) / (1 - α) prediction.",
+                 "where the measured speed-up curve leaves the theory's (1 - α^(γ+1)) / (1 - α) prediction: tokens "
+                 "per step keep rising with γ while the speed-up peaks and falls, since every rejected draft token "
+                 "still cost a draft forward.",
                  steps=((2, {"gamma": 8, "sweep_gammas": [2, 4, 8, 12]}),)),
         Exercise("Prompt lookup where it should shine", "When the output quotes the input (summaries), how "
                  "far does copying from the prompt go?",
-                 "the acceptance and speed-up of pld on XSum against chat.",
+                 "the acceptance and speed-up of pld on XSum against the unchanged run's chat prompts: higher, "
+                 "because a summary copies phrases from its article.",
                  steps=((2, {"n_chat": 0, "n_code": 0, "n_xsum": 2, "max_new_tokens": 48}),)),
         Exercise("A cheaper self-draft", "Exiting after 16 of the 30 layers instead of 24 makes the self-draft "
-                 "cheaper but less accurate: which wins?", "α, the draft's cost c and the self-draft's speed-up.",
+                 "cheaper but less accurate: which wins?", "α, the draft's cost c and the self-draft's speed-up: c and α "
+                 "both fall, and the speed-up rises only where c fell faster than α.",
                  steps=((2, {"self_layers": "exit:16"}),)),
-        Exercise("The distilled draft", "Why is a small draft model not in the default run? Add it (a stand-in "
-                 "trained for 30 seconds: its cost does not depend on its training) and set its cost beside the "
-                 "EAGLE head's.",
+        Exercise("The distilled draft", "Why is a small draft model not in the default run? Add it (a stand-in, "
+                 "trained on first use for the class profile's two minutes and cached: its cost does not depend on "
+                 "its training) and set its cost beside the EAGLE head's.",
                  "the draft table's measured c, one draft forward in target forwards, and what it leaves of the "
-                 "speed-up whatever its acceptance.",
-                 steps=((2, {"distilled": True, "draft_minutes": 0.5}),)),
+                 "speed-up whatever its acceptance: near one target forward here, so even perfect acceptance "
+                 "gains little.",
+                 steps=((2, {"distilled": True}),)),
     ),
     3: (
         Exercise("The paper's configuration", "Lookahead with W=7, N=5, G=7 and no prompt pool, as its authors "
@@ -106,15 +111,18 @@ EXERCISES: dict[int, tuple[Exercise, ...]] = {
                  "tokens per forward against the wall-clock speed-up: more tokens per step can still be slower.",
                  steps=((3, {"headline": "lookahead:7,5,7", "methods": ["lookahead:7,5,7"]}),)),
         Exercise("A bigger Jacobi block", "Does a random first guess ever converge faster than one copied from "
-                 "the prompt?", "new tokens per forward of the two Jacobi arms.",
+                 "the prompt?", "new tokens per forward of the two Jacobi arms: the guess copied from the prompt "
+                 "converges in fewer forwards than the random one.",
                  steps=((3, {"methods": ["jacobi:16:random", "jacobi:16:prompt"], "headline": "jacobi:16:prompt"}),)),
         Exercise("Fewer threads", "With one thread the cost curve of a wider forward steepens; does the "
-                 "break-even compression rise?", "the cost curve and the break-even line.",
+                 "break-even compression rise?", "the cost curve and the break-even line: the curve steepens and the "
+                 "break-even compression rises.",
                  steps=((3, {"threads": 1}),)),
     ),
     4: (
         Exercise("Page size 1", "Token-granular sharing removes the block-rounding loss; how much was it?",
-                 "the measured hit rate against 'optimal (token level)'.", steps=((4, {"block_size": 1}),)),
+                 "the measured hit rate against 'optimal (token level)': it reaches it, where 16-token pages fell "
+                 "short by the partial page at the end of each shared prefix.", steps=((4, {"block_size": 1}),)),
         Exercise("A tight memory budget", "Below the multi-turn working set, do interleaved chats evict each other?",
                  "the measured hit rate landing on the LRU replay curve.",
                  steps=((4, {"capacity_tokens": 1280, "conversations": 4}),)),
@@ -124,16 +132,19 @@ EXERCISES: dict[int, tuple[Exercise, ...]] = {
     ),
     5: (
         Exercise("Less alike requests", "A wider spread of output lengths: which policy suffers most?",
-                 "static batching's throughput against continuous batching's (rows finished early sit idle in a "
-                 "static batch).", steps=((5, {"min_new_tokens": 1, "max_new_tokens": 24}),)),
+                 "static batching's throughput against continuous batching's: it falls further behind (rows "
+                 "finished early sit idle in a static batch until its longest request ends).", steps=((5, {"min_new_tokens": 1, "max_new_tokens": 24}),)),
         Exercise("No shared system prompts", "Without shared prefixes, how much of the gain was the radix cache's?",
                  "continuous+radix falling back onto continuous.", steps=((5, {"system_tokens": 0}),)),
         Exercise("Smaller prefill chunks", "Do 32-token chunks stop long prompts stalling running decodes?",
-                 "ITL and TPOT p99 against TTFT.", steps=((5, {"chunk_size": 32}),)),
+                 "ITL and TPOT p99 against TTFT: the running decodes' p99 ITL and TPOT fall, and the long prompts' "
+                 "TTFT rises.", steps=((5, {"chunk_size": 32}),)),
         Exercise("A tighter SLO", "Halve the TPOT limit: how much capacity is left?",
-                 "the highest rate each arm sustains.", steps=((5, {"slo_tpot_factor": 1.5}),)),
+                 "the highest rate each arm sustains: lower, or the search saying what bounds it.",
+                 steps=((5, {"slo_tpot_factor": 1.5}),)),
         Exercise("Bursty arrivals", "The same mean rate, in bursts: what happens to p99 TTFT?",
-                 "TTFT p99 against Poisson arrivals at the same rate.",
+                 "TTFT p99 against Poisson arrivals at the same rate (run it again without --burstiness): higher, "
+                 "as bursts queue behind each other.",
                  command="studylib bench-serve --weights gguf --act int8 --scheduler continuous --prefix-cache radix "
                          "--rate 4 --burstiness 0.3 --num-requests 32"),
     ),
@@ -143,14 +154,16 @@ EXERCISES: dict[int, tuple[Exercise, ...]] = {
                  steps=((6, {"n_tokens": 256, "quality_patterns": ["window:48", "sinks:4,44", "sinks:16,32"]}),)),
         Exercise("The needle farther away", "With the needle outside the window, can the sink cache answer?",
                  "window and sinks failing where Quest, at the same budget, still reads the page that holds it.",
-                 steps=((6, {"needle_lengths": [600, 1200], "needle_depths": [0.1, 0.5]}),)),
+                 steps=((6, {"needle_lengths": [1000], "needle_depths": [0.1, 0.5]}),)),
         Exercise("A smaller Quest budget", "Fewer keys, or coarser pages: which costs Quest more quality?",
-                 "KL divergence and the perplexity ratio of the two budgets.",
+                 "KL divergence and the perplexity ratio of the two budgets against the unchanged run's: both "
+                 "rise as the budget shrinks, and coarser pages spend it less precisely.",
                  steps=((6, {"doc_patterns": ["quest:budget=96,recent=32", "quest:budget=96,page=32,recent=32"]}),)),
     ),
     7: (
         Exercise("Longer outputs", "The prefix cache removes only prefill: does its share of the gain shrink as "
-                 "outputs grow?", "the prefix-cache arm's speed-up against the decoders' as outputs lengthen.",
+                 "outputs grow?", "the prefix-cache arm's speed-up against the decoders' as outputs lengthen: it shrinks "
+                 "toward 1, while a decoder's gain per token stays.",
                  steps=((7, {"max_new_tokens": 24}),)),
         Exercise("A narrower window", "Halve the sparse-attention budget: does quality stay above 99%?",
                  "quality retained falling below the bar, which takes window attention out of every stack.",
@@ -162,10 +175,12 @@ EXERCISES: dict[int, tuple[Exercise, ...]] = {
     ),
     8: (
         Exercise("Only the lossless arm", "The GGUF blocks against the fp32 model, with twice the prompts: how "
-                 "tight does the speed CI get?", "the CI of the gguf speed-up.",
+                 "tight does the speed CI get?", "the CI of the gguf speed-up: narrower, by about the square root of "
+                 "the growth in prompts.",
                  steps=((8, {"arms": ["dense", "gguf"], "n_prompts": 4}),)),
         Exercise("The other ISA path", "Force the AVX2 build of the kernel on an AVX-512 machine: how much do "
-                 "the wider registers buy?", "decode speed against the default run (the provenance names the build).",
+                 "the wider registers buy?", "decode speed against the default run (the provenance names the "
+                 "build): slower on an AVX-512 machine, unchanged on an AVX2-only one.",
                  steps=((8, {"arms": ["dense", "gguf", "q4_1"]}),), env={"STUDYLIB_QUANT_ISA": "avx2"}),
     ),
 }
