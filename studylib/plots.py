@@ -280,6 +280,19 @@ def _visible(locs: Any, lo: float, hi: float) -> list[float]:
     return [v for v in locs if lo * (1 - 1e-9) <= v <= hi * (1 + 1e-9)]
 
 
+def _spaced(ticks, lo: float, hi: float, parts: int = 8) -> list:
+    """``ticks`` thinned so that neighbours on a log axis from ``lo`` to ``hi`` are at least 1/``parts`` of
+    its length apart (their labels cannot overlap), keeping the first."""
+    import math
+
+    gap = (math.log10(hi) - math.log10(lo)) / parts
+    kept: list = []
+    for t in ticks:
+        if not kept or math.log10(t) - math.log10(kept[-1]) >= gap:
+            kept.append(t)
+    return kept
+
+
 def readable_log_axis(axis: Any, min_ticks: int = 3) -> None:
     """Give a log axis at least ``min_ticks`` labelled ticks (when its range allows): a range under a decade
     otherwise shows one label, or none, and the reader cannot read a value off it. Tries 1-2-5 steps, then every
@@ -297,7 +310,8 @@ def readable_log_axis(axis: Any, min_ticks: int = 3) -> None:
         return
     for subs in ((1.0, 2.0, 5.0), tuple(float(s) for s in range(1, 10))):
         locator = LogLocator(base=10, subs=subs, numticks=40)
-        ticks = _visible(locator.tick_values(lo, hi), lo, hi)
+        # every integer step crowds the top of a decade (90 beside 100): keep ticks an eighth of the axis apart
+        ticks = _spaced(_visible(locator.tick_values(lo, hi), lo, hi), lo, hi)
         if len(ticks) >= min_ticks:
             axis.set_major_locator(FixedLocator(ticks))
             break

@@ -298,3 +298,23 @@ def test_the_capacity_figure_names_its_slo_clear_of_the_title_wherever_the_probe
     fig = plot_capacity(probes, {"ttft_s": 0.5, "tpot_s": 0.05})
     assert figure_defects(fig) == []
     plt.close(fig)
+
+
+def test_a_short_log_axis_gets_ticks_whose_labels_cannot_overlap():
+    """A log axis under a decade (here 40 to 110 tokens/s) gets every-integer ticks, which crowd the top of
+    the decade (90 beside 100); they are thinned to an eighth of the axis apart, keeping at least three."""
+    import math
+
+    import matplotlib.pyplot as plt
+
+    from studylib import plots
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax.plot([1, 2, 4], [40, 80, 110])
+    ax.set_yscale("log")
+    ax.set_ylim(40, 110)
+    plots.readable_log_axis(ax.yaxis)
+    ticks = [t for t in ax.get_yticks() if 40 <= t <= 110]
+    gaps = [math.log10(b / a) for a, b in zip(ticks, ticks[1:], strict=False)]
+    assert len(ticks) >= 3 and min(gaps) >= math.log10(110 / 40) / 8 - 1e-12
+    plt.close(fig)
