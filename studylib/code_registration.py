@@ -6,7 +6,8 @@ taken with it must not count as confirmatory. So each chapter's registration als
 (``notebooks/params/registered_code.json``, written by ``studylib register``):
 
 - the SHA-256 of every Python module of ``studylib`` that the chapter's notebook imports, transitively
-  (every ``import`` in a module's syntax tree, function-level imports included, so a lazy import counts);
+  (every ``import`` in a module's syntax tree, function-level imports included, so a lazy import counts,
+  and every module named by a string, as ``importlib.import_module`` takes it);
   the presentation layers are left out (``studylib.workbook``, ``studylib.plots``, ``studylib.diagrams``
   and the chapters' ``*_figures`` modules), since they draw numbers and never make them;
 - every C, C++ and CUDA source of the kernels (``studylib/**/csrc``); their build flags are written in
@@ -26,6 +27,7 @@ import ast
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ REGISTRY = NOTEBOOKS / "params" / "registered_code.json"
 PARAMS_ENV = "STUDYLIB_RUN_PARAMS"  # the runner passes a chapter's effective parameters to its kernel here
 PRESENTATION = ("studylib.workbook", "studylib.plots", "studylib.diagrams")
 C_SUFFIXES = (".c", ".h", ".cu", ".cpp", ".cuh", ".hpp")
+_MODULE_NAME = re.compile(r"studylib(\.[A-Za-z_][A-Za-z0-9_]*)+")
 
 
 def _sha(data: bytes) -> str:
@@ -65,7 +68,8 @@ def module_file(module: str) -> Path | None:
 
 def _imports(tree: ast.AST, package: str) -> set[str]:
     """Every module an AST imports: ``import a.b`` gives a.b and a; ``from a import b`` gives a and a.b
-    (b may be a submodule); relative imports resolve against ``package``."""
+    (b may be a submodule); relative imports resolve against ``package``; a string constant spelled
+    ``studylib.x.y`` names a module imported by name (``importlib``) and counts too."""
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -80,6 +84,11 @@ def _imports(tree: ast.AST, package: str) -> set[str]:
             parts = base.split(".")
             out.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
             out.update(f"{base}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _MODULE_NAME.fullmatch(node.value):
+            # a module named by a string is imported later (importlib.import_module: the activation
+            # kernels in quant.ACT_KERNELS, the registry in models.kernels, provenance's backends), so it
+            # counts as an import; ``closure`` keeps only the names that are studylib modules
+            out.add(node.value)
     return out
 
 

@@ -137,6 +137,21 @@ def test_lazy_imports_inside_functions_count():
     assert "studylib.models.weights" in closure(["studylib.experiments.ch01_formats"])
 
 
+def test_modules_imported_by_name_count():
+    import ast
+
+    from studylib.code_registration import _imports, closure
+
+    # quant.act_kernel imports the int8 and bf16 kernels' modules by name (importlib), and provenance
+    # reads the kernel registry the same way: all three define what a chapter measures
+    found = closure(["studylib.models.quant", "studylib.bench.provenance"])
+    for m in ("studylib.models.int8_linear", "studylib.models.bf16_linear", "studylib.models.kernels"):
+        assert m in found, m
+    # a string is a module only when it is spelled like one; closure then keeps studylib's modules
+    assert _imports(ast.parse('x = "studylib.models.quant"; y = "studylib is fast"; z = "numpy.linalg"'),
+                    "") == {"studylib.models.quant"}
+
+
 def test_a_change_to_the_code_after_registration_makes_the_result_exploratory(tmp_path):
     from studylib.code_registration import check_result, differences, fingerprint
 
