@@ -18,6 +18,10 @@ from studylib.workbook.tables import NOT_MEASURED, header, install, number, read
     ("requests_per_s", "Requests per second"),  # once "Requests per (s)"
     ("tv_bound", "TV bound"), ("chi2_p", "χ² p"), ("mdc", "Minimum detectable change"), ("top1", "Top-1"),
     ("v", "v"), ("c", "c"), ("kv_kib_per_token", "KV KiB per token"),
+    # a pivoted column: the quantity's header, then the arm in words, a block format whole
+    ("tokens_s:dense_perop", "Tokens/s, dense (per-op path)"),  # once "Tokens s:dense per op"
+    ("speedup:q8_0", "Speedup, q8_0"),  # once "Speedup:q8 0"
+    ("mc_error", "Monte Carlo error"), ("tokens_per_step_mc", "Tokens per step (Monte Carlo)"),
 ])
 def test_headers_read_as_words_with_units(name, text):
     assert header(name) == text
@@ -154,3 +158,23 @@ def test_a_corrected_level_in_the_frame_names_the_ci_headers():
     assert list(readable(df.drop(columns=["confidence"])).columns) == ["Arm", "Speedup (95% CI)"]
     mixed = readable(df.assign(confidence=[0.95, 0.99]))
     assert "Speedup (CI)" in mixed.columns and "Confidence" in mixed.columns
+
+
+def test_a_pivoted_header_from_an_earlier_run_gets_its_words_on_the_page():
+    from studylib.workbook.book import _readable_output
+
+    out = {"data": {"text/html": "<table class='studylib-table'><tr><th>Tokens s:dense per op</th>"
+                                 "<th>Speedup:q8 0</th><th>Arm</th></tr><tr><td>few_shot</td></tr></table>"}}
+    _readable_output(out)
+    page = out["data"]["text/html"]
+    assert "<th>Tokens/s, dense (per-op path)</th>" in page and "<th>Speedup, q8_0</th>" in page
+    assert "<th>Arm</th>" in page and "<td>few-shot</td>" in page
+
+
+def test_the_appendix_prints_parameters_as_the_command_line_takes_them():
+    from studylib.workbook.book import appendix
+
+    page = appendix({"params": {"model": "smollm2-135m", "lengths": [8, 16], "budgets": {"ch01": 6}, "x": None},
+                     "provenance": {}})
+    assert "<code>smollm2-135m</code>" in page and "&quot;" not in page
+    assert "<code>8, 16</code>" in page and "<code>ch01: 6</code>" in page and "<code>none</code>" in page

@@ -18,7 +18,6 @@ and in full in a collapsed appendix.
 from __future__ import annotations
 
 import html
-import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -326,13 +325,28 @@ def settings_line(data: Mapping[str, Any]) -> str:
         ". Full settings in the appendix at the end.</p>"
 
 
+def param_value(v: Any) -> str:
+    """A parameter as the command line takes it, not as JSON: ``smollm2-135m`` (no quotes), ``8, 16, 32`` for a
+    list, ``ch01: 6, ch02: 6`` for a mapping, ``none`` for null."""
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, Mapping):
+        return ", ".join(f"{k}: {param_value(x)}" for k, x in v.items()) or "(empty)"
+    if isinstance(v, list | tuple):
+        return ", ".join(f"[{param_value(x)}]" if isinstance(x, list | tuple | Mapping) else param_value(x)
+                         for x in v) or "(empty)"
+    return str(v)
+
+
 def appendix(data: Mapping[str, Any]) -> str:
     from studylib.workbook.chapter import provenance_rows
 
     params = data.get("params") or {}
     prov = dict(data.get("provenance") or {})
     prov.pop("params", None)
-    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td><code>{html.escape(json.dumps(v, ensure_ascii=False))}"
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td><code>{html.escape(param_value(v))}"
                    f"</code></td></tr>" for k, v in params.items())
     prow = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in provenance_rows(prov, "saved"))
     return ("<details class='appendix'><summary>Appendix: every parameter of this run and its provenance</summary>"
@@ -481,6 +495,17 @@ def _alt_texts(body: str, captions: Sequence[str]) -> str:
     return body
 
 
+_PIVOT_QUANTITIES = {"Tokens s": "Tokens/s", "Tok s": "Tokens/s"}
+_PIVOT_ARMS = {"dense per op": "dense (per-op path)", "dense perop": "dense (per-op path)"}
+
+
+def _pivot_header(quantity: str, arm: str) -> str:
+    """"Tokens s" + "dense per op" -> "Tokens/s, dense (per-op path)"; "Speedup" + "q8 0" -> "Speedup, q8_0"."""
+    q, a = quantity.strip(), arm.strip()
+    a = re.sub(r"\b(i?q[1-8]) ([0-9a-z]{1,3})\b", r"\1_\2", a)
+    return f"{_PIVOT_QUANTITIES.get(q, q)}, {_PIVOT_ARMS.get(a, a)}"
+
+
 def _readable_output(out: Any) -> None:
     """Put a raw pandas table that a notebook displayed (before the formatting layer existed, or from a
     frame it printed directly) through ``studylib.workbook.tables``; anything else stays as it is."""
@@ -494,8 +519,12 @@ def _readable_output(out: Any) -> None:
     if "studylib-table" in markup:
         # formatted when the chapter ran; a cell that is one identifier ("few_shot", from a run before the
         # formatting layer gave identifiers words) gets its words now, every other cell stays as it ran
-        data["text/html"] = re.sub(r"(<td[^>]*>)\s*([a-z][a-z0-9_]*)\s*(</td>)",
-                                   lambda m: m.group(1) + html.escape(words(m.group(2))) + m.group(3), markup)
+        markup = re.sub(r"(<td[^>]*>)\s*([a-z][a-z0-9_]*)\s*(</td>)",
+                        lambda m: m.group(1) + html.escape(words(m.group(2))) + m.group(3), markup)
+        # a pivoted column ("tokens_s:dense_perop") that ran before the formatting layer knew pivots reads
+        # "Tokens s:dense per op"; give it the words tables.header gives it now
+        data["text/html"] = re.sub(r"(<th[^>]*>)([^<:]+):([^<]+)(</th>)",
+                                   lambda m: m.group(1) + _pivot_header(m.group(2), m.group(3)) + m.group(4), markup)
         return
     if 'class="dataframe' not in markup:
         return

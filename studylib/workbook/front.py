@@ -470,6 +470,13 @@ def write_front_page(out: Path, index: Mapping[str, Any], chapters: Sequence[tup
         "on one configuration; a claim tested in two chapters takes each chapter as a condition.</p>",
         rest,
         *(["<h2 id='why'>Why: one model, this run's factors and the papers'</h2>", why] if why else []),
+        # the card stands under the why: the model's v(k), c and step are its lines
+        *(["<h2 id='instrument'>The instrument card</h2>",
+           "<p>The numbers of the machine that every verdict rests on, each from the chapter that measured it, beside "
+           "its engine, context and how it was measured (the same lines are saved as data beside this page). The "
+           "same kind of number differs between chapters because the engine, the arithmetic or the context "
+           "differs; a line that says &ldquo;one process&rdquo; is a repeat inside one run, not a whole run.</p>",
+           card] if (card := instrument_block(out, executed)) else []),
         "<h2>What the source document says</h2>",
         f"<p>The source is a short essay in Chinese, “{zh(SOURCE_TITLE_ZH)}” "
         f"(<i>{html.escape(SOURCE_TITLE_EN)}</i>), on designing fast inference for large language models, from "
@@ -496,12 +503,6 @@ def write_front_page(out: Path, index: Mapping[str, Any], chapters: Sequence[tup
         "<ul id='hits'></ul>",
         "<script type='application/json' id='search-index'>"
         + json.dumps(search_index(chapters, executed), ensure_ascii=False).replace("</", "<\\/") + "</script>",
-        *(["<h2 id='instrument'>The instrument card</h2>",
-           "<p>The numbers of the machine that every verdict rests on, each from the chapter that measured it, beside "
-           "its engine, context and how it was measured (the same lines are saved as data beside this page). The "
-           "same kind of number differs between chapters because the engine, the arithmetic or the context "
-           "differs; a line that says &ldquo;one process&rdquo; is a repeat inside one run, not a whole run.</p>",
-           card] if (card := instrument_block(out, executed)) else []),
         "<h2>Rerun it</h2>",
         "<p>On a CPU, with the embedded model (each chapter takes about as long as the table above says; a first run "
         "also installs the packages and unpacks the model and data; chapter 2 reads the draft head shipped with the "

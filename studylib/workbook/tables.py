@@ -30,7 +30,9 @@ _WORDS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "end-to-end", "e2
           "tv": "TV", "chi2": "χ²", "mdc": "minimum detectable change", "top1": "top-1", "topk": "top-k",
           "tau": "τ", "kib": "KiB", "mib": "MiB", "gbs": "GB/s", "llama": "llama", "cpp": "cpp",
           "flops": "FLOPs", "gpu": "GPU", "cpu": "CPU", "rel": "relative", "acc": "accuracy",
-          "leviathan": "(Leviathan et al.)"}
+          "leviathan": "(Leviathan et al.)", "mc": "(Monte Carlo)"}
+# Names whose suffix is not a unit (``tokens_s`` is a rate, not seconds of tokens)
+_WHOLE = {"tokens_s": "Tokens/s", "tok_s": "Tokens/s", "mc_error": "Monte Carlo error"}
 # Symbols the chapters define (v(k), c, n): kept lower-case at the start of a header.
 _SYMBOLS = {"v", "c", "n", "k", "τ", "α", "γ", "χ²"}
 
@@ -82,8 +84,15 @@ def _lower_first(text: str) -> str:
 
 
 def header(name: Any) -> str:
-    """``throughput_tok_s`` -> "throughput (tok/s)", ``ttft_p99_s`` -> "TTFT p99 (s)"."""
+    """``throughput_tok_s`` -> "throughput (tok/s)", ``ttft_p99_s`` -> "TTFT p99 (s)"; a pivoted column
+    ``quantity:arm`` (``tokens_s:dense_perop``, ``speedup:q8_0``) -> "Tokens/s, dense (per-op path)", the arm
+    in a reader's words and a block format kept whole."""
     text = str(name)
+    quantity, sep, arm = text.partition(":")
+    if sep and quantity and arm:
+        return f"{header(quantity)}, {words(arm)}"
+    if text in _WHOLE:
+        return _WHOLE[text]
     unit = ""
     if text.endswith("_per_s") and len(text) > 6:  # requests_per_s: a rate, not a time ("Requests per (s)")
         text = text[:-6] + "_per_second"
@@ -92,9 +101,9 @@ def header(name: Any) -> str:
             if text.endswith(suffix) and len(text) > len(suffix):
                 text, unit = text[: -len(suffix)], u
                 break
-    words = _tokens(text)
-    out = " ".join(words)
-    if words and words[0] not in _SYMBOLS:
+    toks = _tokens(text)
+    out = " ".join(toks)
+    if toks and toks[0] not in _SYMBOLS:
         out = out[:1].upper() + out[1:] if out and out[0].islower() else out
     return f"{out} ({unit})" if unit else out
 
