@@ -358,6 +358,13 @@ def test_the_claims_figure_has_one_row_per_claim_and_chapter_with_the_part_that_
     # the weakest failing part decides a failure; the holding part furthest past its bar carries a hold
     # (never one that holds by construction); a check-only claim is shown by its check
     assert got == [("C1", "weaker"), ("C6", "b"), ("C8", "a check")]
+    # an exploratory decision reads inconclusive whatever its parts say: the figure shows the weakest
+    # counted part, the one the claims table names (it once showed a check that held)
+    from studylib.claims import INCONCLUSIVE
+
+    vs4 = [row("C4", 4, "decision", INCONCLUSIVE, "d4"), row("C4", 4, "part", HOLDS, "identical"),
+           row("C4", 4, "part", HOLDS, "lru", 0.98, 0.95), row("C4", 4, "part", FAILS, "clears", 0.5, 0.95)]
+    assert [(d.id, p.metric) for d, p in deciding_rows(vs4)] == [("C4", "clears")]
 
 
 def test_the_claims_figure_has_one_row_per_claim_at_print_size(tmp_path):

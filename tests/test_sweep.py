@@ -246,24 +246,30 @@ def test_the_sweep_answers_its_question_in_its_first_sentence_from_its_cells():
 
 
 def test_the_sweep_page_says_why_a_cell_disagrees_with_the_main_run(tmp_path):
-    """A cell whose decision differs from the study's own chapter is named with the verdicts and every
-    recorded difference between the two runs (model, settings, commit); agreeing cells are not listed."""
+    """A cell whose decision differs from the study's own chapter is named with the verdicts, read as the
+    cells table reads them (an unregistered hold reads inconclusive there, so it does here), and the causes
+    first: the weights, the deciding engine, the commit, then the names of the settings that differ."""
     from studylib.sweep.page import disagreements
 
-    def chapter(path, verdict, model, commit):
+    def chapter(path, verdict, model, commit, engine, threads=2):
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"verdicts": [{"id": "C2", "role": "decision", "verdict": verdict}],
-                                    "params": {"model": model, "threads": 2},
+        path.write_text(json.dumps({"verdicts": [{"id": "C2", "role": "decision", "verdict": verdict,
+                                                  "metric": "m", "chapter": 1}],
+                                    "params": {"model": model, "threads": threads},
+                                    "measurements": {"decisive_engine": engine},
                                     "provenance": {"git_commit": commit}}))
 
     reports = tmp_path / "reports" / "cpu"
     sweep = reports / "sweeps" / "s"
-    chapter(reports / "ch01.json", "does not hold", "smollm2-135m", "a" * 40)
-    chapter(sweep / "ch01-model=big" / "ch01.json", "holds", "random:big", "b" * 40)
-    chapter(sweep / "ch01-model=same" / "ch01.json", "does not hold", "random:same", "b" * 40)
+    chapter(reports / "ch01.json", "does not hold", "smollm2-135m", "a" * 40, "gguf")
+    chapter(sweep / "ch01-model=big" / "ch01.json", "holds", "random:big", "b" * 40, "q4_1", threads=4)
+    chapter(sweep / "ch01-model=same" / "ch01.json", "does not hold", "random:same", "b" * 40, "q4_1")
     summary = {"profile": "cpu", "grid": {"model": ["big", "same"]}, "params": {},
                "cells": [{"cell": f"ch01-model={m}", "chapter": 1, "overrides": {"model": m}, "status": "ok"}
                          for m in ("big", "same")]}
     got = disagreements(summary, sweep)
-    assert len(got) == 1 and "C2: holds here, does not hold in the main run" in got[0]
-    assert "random:big" in got[0] and "bbbbbbbbbbbb" in got[0] and "aaaaaaaaaaaa" in got[0]
+    # the cell's hold predates any registration, so the table shows it inconclusive: the sentence agrees
+    assert len(got) == 1 and "C2: inconclusive here, does not hold in the main run" in got[0], got
+    assert "random weights at big's shapes" in got[0] and "smollm2-135m's trained weights" in got[0]
+    assert "the deciding engine is q4_1 in the cell and gguf in the main run" in got[0]
+    assert "bbbbbbbbbbbb" in got[0] and "aaaaaaaaaaaa" in got[0] and "1 setting differs (threads;" in got[0]

@@ -138,3 +138,8 @@ def test_the_baseline_names_each_engine_with_its_arithmetic(tmp_path):
     text = why.baseline(tmp_path)
     assert "on gguf weights our AR decoder runs at 42.0" in text
     assert "on gguf weights, int8 arithmetic our AR decoder runs at 64.0" in text and "3.20x HF" in text
+    assert "HF's own speed differs" not in text  # one HF speed on both rows: nothing to explain
+    data = json.loads((tmp_path / "ch01.json").read_text())
+    data["measurements"]["ar_bench"]["gguf"]["hf_tok_s"]["value"] = 24.9
+    (tmp_path / "ch01.json").write_text(json.dumps(data))
+    assert "HF's own speed differs between the rows (20.0 to 24.9 tok/s)" in why.baseline(tmp_path)

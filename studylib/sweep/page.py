@@ -194,10 +194,30 @@ def answer_text(frame, near: float = 1.5) -> str:
     return ("The answer, from the cells below: " + "; ".join(parts) + ".") if parts else ""
 
 
+def _decisions(path: Path) -> dict[str, str]:
+    """A chapter JSON's decision verdicts as the pages read them (``claims.load_chapter``: the registration
+    applied, so an exploratory result reads as the tables print it), by claim id."""
+    from studylib.claims import load_chapter
+
+    try:
+        return {v.id: v.verdict for v in load_chapter(path)["verdicts"] if v.role == "decision"}
+    except Exception:  # noqa: BLE001 - one unreadable record must not take the page down
+        return {}
+
+
+def _model_words(name: Any) -> str:
+    name = str(name)
+    if name.startswith("random:"):
+        return f"random weights at {name.removeprefix('random:')}'s shapes"
+    return f"{name}'s trained weights"
+
+
 def disagreements(summary: dict[str, Any], sweep_dir: Path) -> list[str]:
     """For each cell whose decision on a claim differs from the main run's (the study's own chapter JSON two
-    folders up), one sentence saying so and why: what differs between the two runs (the model, the commit
-    of the code, and the parameters that are not the same), read from their records."""
+    folders up), one sentence saying so and why, causes first: the weights (random at real shapes, or the
+    trained model), the engine that decided the claim, the commit of the measuring code, then the names of
+    the settings that differ (their values are in the grid and the appendix). Both sides are read the way
+    the tables read them, so the sentence and the cells table agree on each verdict."""
     main_dir = Path(sweep_dir).parent.parent
     varying = list(summary.get("grid", {}))
     out = []
@@ -207,47 +227,32 @@ def disagreements(summary: dict[str, Any], sweep_dir: Path) -> list[str]:
         main_path, cell_path = main_dir / f"ch{c['chapter']:02d}.json", Path(sweep_dir) / c["cell"] / f"ch{c['chapter']:02d}.json"
         if not (main_path.exists() and cell_path.exists()):
             continue
-        main, cell = (json.loads(p.read_text(encoding="utf-8")) for p in (main_path, cell_path))
-        ours = {v["id"]: v["verdict"] for v in cell.get("verdicts", []) if v.get("role") == "decision"}
-        theirs = {v["id"]: v["verdict"] for v in main.get("verdicts", []) if v.get("role") == "decision"}
+        ours, theirs = _decisions(cell_path), _decisions(main_path)
         differ = [k for k in ours if k in theirs and ours[k] != theirs[k]]
         if not differ:
             continue
+        main, cell = (json.loads(p.read_text(encoding="utf-8")) for p in (main_path, cell_path))
         why = []
         mp, cp = main.get("params") or {}, cell.get("params") or {}
         if mp.get("model") != cp.get("model"):
-            why.append(f"the cell runs {cp.get('model')}, the main run {mp.get('model')}")
-        other = sorted(k for k in set(mp) | set(cp) if k not in ("model", "profile") and mp.get(k) != cp.get(k))
-        if other:
-            why.append("other settings: " + ", ".join(f"{k} {cp.get(k)} against {mp.get(k)}" for k in other))
-        swept = _sweep_settings_against_profile(summary, c["chapter"])
-        if swept:
-            why.append("the sweep's own settings: " + swept)
+            why.append(f"the cell runs {_model_words(cp.get('model'))}, the main run {_model_words(mp.get('model'))}")
+        me = (main.get("measurements") or {}).get("decisive_engine")
+        ce = (cell.get("measurements") or {}).get("decisive_engine")
+        if me and ce and me != ce:
+            why.append(f"the deciding engine is {ce} in the cell and {me} in the main run")
         mc = str((main.get("provenance") or {}).get("git_commit") or "")[:12]
         cc = str((cell.get("provenance") or {}).get("git_commit") or summary.get("commit") or "")[:12]
         if mc and cc and mc != cc:
-            why.append(f"the cell's code is commit {cc}, the main run's {mc} (the measuring code may differ)")
+            why.append(f"the cell's measuring code is commit {cc}, the main run's {mc}")
+        other = sorted(k for k in set(mp) | set(cp) if k not in ("model", "profile") and mp.get(k) != cp.get(k))
+        if other:
+            why.append(f"{len(other)} {'setting differs' if len(other) == 1 else 'settings differ'} ({', '.join(other)}; values in the "
+                       "grid above and each run's appendix)")
         verdicts = "; ".join(f"{k}: {ours[k]} here, {theirs[k]} in the main run" for k in differ)
         out.append(f"{_label(c.get('overrides', {}), varying)}: {verdicts}. Why they can differ: "
                    + ("; ".join(why) if why else "nothing in the two runs' records differs, so the difference is "
                       "the machine's between runs") + ".")
     return out
-
-
-def _sweep_settings_against_profile(summary: dict[str, Any], chapter: int) -> str:
-    """The sweep's shared parameters that differ from its profile's own for ``chapter`` (what the main run
-    used), as words; empty when the profile cannot be read or nothing differs."""
-    import yaml
-
-    path = Path(__file__).resolve().parents[2] / "notebooks" / "params" / f"{summary.get('profile', 'cpu')}.yaml"
-    try:
-        prof = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get(f"ch{chapter:02d}") or {}
-    except (OSError, yaml.YAMLError):
-        return ""
-
-    diff = [f"{k} {_word(v)} against {_word(prof.get(k))}" for k, v in (summary.get("params") or {}).items()
-            if k in prof and prof.get(k) != v]
-    return "; ".join(diff)
 
 
 def _word(v: Any) -> str:

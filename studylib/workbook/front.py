@@ -257,9 +257,16 @@ def deciding_rows(verdicts: Sequence[Verdict]) -> list[tuple[Verdict, Verdict]]:
         parts = [p for p in verdicts if p.role != DECISION and p.id == d.id and p.chapter == d.chapter
                  and not p.by_construction]
         want = HOLDS if d.verdict in (HOLDS, CONDITIONAL) else d.verdict
-        same = [p for p in parts if p.verdict == want] or parts
+        same = [p for p in parts if p.verdict == want]
         if not same:
-            out.append((d, d))
+            if not parts:
+                out.append((d, d))
+                continue
+            # no part took the decision's verdict (an exploratory decision reads inconclusive whatever its
+            # parts say): the weakest counted part, as the claims table names it, so figure and table agree
+            numeric = [p for p in parts if isinstance(p.measured, int | float) and not isinstance(p.measured, bool)
+                       and p.threshold is not None]
+            out.append((d, weakest_first(numeric or parts)[0]))
             continue
         ratio = {id(p): (bar_ratio(p) or (float("nan"),))[0] for p in same}
         ranked = sorted(same, key=lambda p: (math.isnan(ratio[id(p)]), ratio[id(p)]))
