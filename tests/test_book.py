@@ -365,6 +365,18 @@ def test_the_claims_figure_has_one_row_per_claim_and_chapter_with_the_part_that_
     vs4 = [row("C4", 4, "decision", INCONCLUSIVE, "d4"), row("C4", 4, "part", HOLDS, "identical"),
            row("C4", 4, "part", HOLDS, "lru", 0.98, 0.95), row("C4", 4, "part", FAILS, "clears", 0.5, 0.95)]
     assert [(d.id, p.metric) for d, p in deciding_rows(vs4)] == [("C4", "clears")]
+    # a hold under conditions is carried by a configuration that holds: not by a part that holds inside a
+    # failing configuration (kv_int8's quality, when its speed fails) nor inside one that is not counted
+    from studylib.claims import CONDITIONAL
+
+    vs9 = [row("C9", 8, "decision", CONDITIONAL, "d9"),
+           row("C9", 8, "part", HOLDS, "q8_0: both"), row("C9", 8, "part", HOLDS, "speed, q8_0", 3.7, 2.0),
+           row("C9", 8, "part", HOLDS, "quality, q8_0", 0.9986, 0.99),
+           row("C9", 8, "part", FAILS, "kv_int8: both"), row("C9", 8, "part", FAILS, "speed, kv_int8", 0.9, 2.0),
+           row("C9", 8, "part", HOLDS, "quality, kv_int8", 1.5, 0.99),
+           row("C9", 8, "part", HOLDS, "gguf: both", by_construction=True),
+           row("C9", 8, "part", HOLDS, "speed, gguf", 9.0, 2.0)]
+    assert [(d.id, p.metric) for d, p in deciding_rows(vs9)] == [("C9", "speed, q8_0")]
 
 
 def test_the_claims_figure_has_one_row_per_claim_at_print_size(tmp_path):

@@ -79,6 +79,10 @@ def test_book_defects_reads_each_chapter_with_its_own_parameters(tmp_path):
 # commit, so a new run is held to no defect at all; and strict: an entry no longer found fails, so the list
 # cannot outlive what it excuses.
 KNOWN_IN_RUN = {
+    "1c452e050a5eed02748326a54206497e13321ae9": [
+        # found by a check added after this run: the static arm's gain has no CI (ch07_report.throughput_text)
+        ("ch07.html", "a missing number reads 'nan' in the text"),
+    ],
     "52fe8cc00d27c19c95d98df59a224133ceca08ec": [
         ("ch05.html", "a dict literal '{request_id:'"),  # the chapter's prose (notebook markdown)
         ("ch05.html", "a table is pandas' describe() as printed"),  # ch05_batching.workload_frame
@@ -129,6 +133,8 @@ def test_the_committed_study_reads_clean():
     ("<p>the seeds/prompts we drew, and config.py</p>", None),
     ("<table><tr><th>format</th></tr><tr><td>q4_1</td></tr><tr><td>few-shot</td></tr></table>", None),
     ("<pre>{request_id: num_tokens} in vllm_cpu.json</pre>", None),  # code is allowed to be code
+    ("<p>static: 72.7 tok/s (0.66x [nan, nan]); continuous</p>", "a missing number reads 'nan' in the text"),
+    ("<p>the finance team and a nanosecond timer (non-nan values)</p>", None),
 ])
 def test_raw_data_in_the_text_is_found(text, found):
     got = page_defects(text)

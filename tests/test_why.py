@@ -143,3 +143,24 @@ def test_the_baseline_names_each_engine_with_its_arithmetic(tmp_path):
     data["measurements"]["ar_bench"]["gguf"]["hf_tok_s"]["value"] = 24.9
     (tmp_path / "ch01.json").write_text(json.dumps(data))
     assert "HF's own speed differs between the rows (20.0 to 24.9 tok/s)" in why.baseline(tmp_path)
+
+
+def test_citations_read_as_words_and_are_cut_between_words():
+    long = "NVIDIA H100 Tensor Core GPU datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity, 3.35 TB/s"
+    cut = why._title(long)
+    assert cut.endswith("…") and "1,97…" not in cut and len(cut) <= 61 and long.startswith(cut[:-1])
+    assert why._title("Li, Y. et al., 'EAGLE', ICML 2024") == "EAGLE" and why._title("short source") == "short source"
+    unstated = "not stated in the retrieved passage"
+    e = {"quantity": "throughput_gain", "value": [14, 24], "baseline": "HF", "model": unstated, "hardware": unstated,
+         "source": "a source", "url": "https://example.org"}
+    text = why._cite(e)
+    assert text.startswith("throughput gain 14-24 vs HF (model and hardware not stated") and text.count(unstated) == 1
+    assert f"LLaMA-7B, hardware {unstated}" in why._cite({**e, "model": "LLaMA-7B"})
+
+
+def test_the_sweeps_model_is_named_in_words(tmp_path):
+    cell = tmp_path / "sweeps" / "s" / "ch01-model=random_big" / "ch01.json"
+    cell.parent.mkdir(parents=True)
+    cell.write_text(json.dumps({"params": {"model": "random:big"}, "measurements": {"step_vs_rows": [
+        {"engine": "q4_1 int8", "rows": 1, "ms": 50.0, "v": 1.0}, {"engine": "q4_1 int8", "rows": 32, "ms": 200.0, "v": 4.0}]}}))
+    assert why._sweep_v(tmp_path, 32) == ("random weights at big's shapes", 4.0)

@@ -247,6 +247,22 @@ def claims_table(verdicts: Sequence[Verdict], chapters: Mapping[int, str]) -> st
             + "".join(rows) + "</table></div>")
 
 
+def _configurations(parts: Sequence[Verdict]) -> dict[str, bool]:
+    """The configurations a decision's rows name (``q8_0: >= 2x AND >99% quality``: a check row whose metric
+    starts with the configuration's name), each with whether it counts and holds."""
+    out = {}
+    for p in parts:
+        name, sep, _ = p.metric.partition(": ")
+        if sep and p.threshold is None and name and " " not in name:
+            out[name] = p.verdict in (HOLDS, CONDITIONAL) and not p.by_construction
+    return out
+
+
+def _configuration_of(part: Verdict, configs: Mapping[str, bool]) -> str | None:
+    """The configuration a part measures (its metric ends ", <name>"), if any."""
+    return next((n for n in configs if part.metric.endswith(", " + n)), None)
+
+
 def deciding_rows(verdicts: Sequence[Verdict]) -> list[tuple[Verdict, Verdict]]:
     """(decision, the part that decided it) for every claim and chapter, in claim order. The part is the one
     whose verdict the decision took: for a decision that holds (or holds under conditions), the holding part
@@ -258,6 +274,12 @@ def deciding_rows(verdicts: Sequence[Verdict]) -> list[tuple[Verdict, Verdict]]:
                  and not p.by_construction]
         want = HOLDS if d.verdict in (HOLDS, CONDITIONAL) else d.verdict
         same = [p for p in parts if p.verdict == want]
+        if want == HOLDS:
+            # a hold is carried by a configuration that holds: a part that holds inside a configuration that
+            # does not (kv_int8's quality, when its speed fails) or that is not counted carries nothing
+            configs = _configurations([v for v in verdicts if v.role != DECISION and v.id == d.id
+                                       and v.chapter == d.chapter])
+            same = [p for p in same if (c := _configuration_of(p, configs)) is None or configs[c]]
         if not same:
             if not parts:
                 out.append((d, d))
@@ -270,7 +292,13 @@ def deciding_rows(verdicts: Sequence[Verdict]) -> list[tuple[Verdict, Verdict]]:
             continue
         ratio = {id(p): (bar_ratio(p) or (float("nan"),))[0] for p in same}
         ranked = sorted(same, key=lambda p: (math.isnan(ratio[id(p)]), ratio[id(p)]))
-        out.append((d, ranked[-1] if want == HOLDS and not math.isnan(ratio[id(ranked[-1])]) else ranked[0]))
+        numeric = [p for p in ranked if not math.isnan(ratio[id(p)])]
+        if want == HOLDS and numeric:
+            # the holding part furthest past its bar; a check beside it (a configuration's own row, no bar)
+            # once sorted last and handed the row to the part nearest its bar
+            out.append((d, numeric[-1]))
+        else:
+            out.append((d, ranked[0]))
     return out
 
 

@@ -5,7 +5,8 @@ The classes (each was on a committed page once):
   markdown backticks that were never rendered;
 - a table header in snake_case (``step_ms_low``), a pandas index printed as a column ("index"), or a
   MultiIndex header printed as a tuple ("('rows', '')");
-- a cell that reads "nan", "None", "<NA>" or "NaT" instead of saying what is missing;
+- a cell that reads "nan", "None", "<NA>" or "NaT" instead of saying what is missing, and a sentence that
+  prints one ("0.66x [nan, nan]");
 - a Python literal in a sentence ("every row should read ``True``") where the page's tables print yes/no;
 - words a reader cannot know: a path in the repository ("tests/test_serving.py") or the library's own
   names for things ("ch07_stack.plan_stack", "judge_c1") where the page should say what they do;
@@ -49,6 +50,8 @@ DESCRIBE_STATS = {"count", "mean", "std", "min", "max"}
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*(?:\(\))?$")
 KNOWN_NAMES = re.compile(r"^(?:torch|np|numpy|transformers|vllm|llama_cpp|triton|ray|pandas|papermill)\.")
 MISSING = {"nan", "NaN", "None", "<NA>", "NaT", "null"}
+# a missing number printed into a sentence ("0.66x [nan, nan]"), where a table cell would say "not measured"
+NAN_IN_TEXT = re.compile(r"(?<![\w-])(?:nan|NaN)(?![\w-])")
 LITERALS = {"True", "False", "None"}
 # Elements whose whole content is code or the run's raw settings, never prose.
 _SKIP_TAGS = {"script", "style", "pre", "svg"}
@@ -157,6 +160,10 @@ class _Reader(HTMLParser):
             self.defects.append(f"a raw key=value pair {m.group(0)!r}… stands in the text; say it in words")
         for m in DICT_LITERAL.finditer(data):
             self.defects.append(f"a dict literal {m.group(0)!r}… stands in the text; say what it maps")
+        if self.cell is None and self.code is None and NAN_IN_TEXT.search(data):
+            at = NAN_IN_TEXT.search(data).start()
+            self.defects.append(f"a missing number reads 'nan' in the text (…{data[max(0, at - 30):at + 8].strip()}…); "
+                                "say what is missing or leave the interval out")
         if self.code is None:  # a file name in a code span is judged with the other code (as a name)
             for m in DATA_FILE.finditer(data):
                 self.defects.append(f"a file name {m.group(0)!r} stands in the text; say what it holds")
