@@ -206,10 +206,11 @@ def _decisions(path: Path) -> dict[str, str]:
 
 
 def _model_words(name: Any) -> str:
-    name = str(name)
-    if name.startswith("random:"):
-        return f"random weights at {name.removeprefix('random:')}'s shapes"
-    return f"{name}'s trained weights"
+    """Which weights a run used: the random stand-in in ``tables.model_words``'s words, else the trained model."""
+    from studylib.workbook.tables import model_words
+
+    text = model_words(name)
+    return text if text != str(name) else f"{name}'s trained weights"
 
 
 def disagreements(summary: dict[str, Any], sweep_dir: Path) -> list[str]:

@@ -495,15 +495,17 @@ def _alt_texts(body: str, captions: Sequence[str]) -> str:
     return body
 
 
-_PIVOT_QUANTITIES = {"Tokens s": "Tokens/s", "Tok s": "Tokens/s"}
 _PIVOT_ARMS = {"dense per op": "dense (per-op path)", "dense perop": "dense (per-op path)"}
 
 
 def _pivot_header(quantity: str, arm: str) -> str:
     """"Tokens s" + "dense per op" -> "Tokens/s, dense (per-op path)"; "Speedup" + "q8 0" -> "Speedup, q8_0"."""
+    from studylib.workbook.tables import WHOLE_NAMES
+
     q, a = quantity.strip(), arm.strip()
     a = re.sub(r"\b(i?q[1-8]) ([0-9a-z]{1,3})\b", r"\1_\2", a)
-    return f"{_PIVOT_QUANTITIES.get(q, q)}, {_PIVOT_ARMS.get(a, a)}"
+    # the header as it ran ("Tokens s") is tables.header's input with its underscores made spaces
+    return f"{WHOLE_NAMES.get(q.lower().replace(' ', '_'), q)}, {_PIVOT_ARMS.get(a, a)}"
 
 
 def _readable_output(out: Any) -> None:

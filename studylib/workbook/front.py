@@ -223,8 +223,7 @@ def claims_table(verdicts: Sequence[Verdict], chapters: Mapping[int, str]) -> st
         if not (isinstance(d.measured, int | float) and not isinstance(d.measured, bool)):
             # a decision over parts: the reader needs the number that decided it, the weakest counted part
             numeric = [v for v in verdicts if v.id == d.id and v.role != DECISION and not v.by_construction
-                       and isinstance(v.measured, int | float) and not isinstance(v.measured, bool)
-                       and v.threshold is not None and v.chapter == took.get(d.id, v.chapter)]
+                       and _has_bar(v) and v.chapter == took.get(d.id, v.chapter)]
             p = carried.get(d.id)
             if d.verdict in (HOLDS, CONDITIONAL) and p is not None and p in numeric:
                 # a hold is carried by a part that holds (the claims figure's row), never by one that failed
@@ -245,6 +244,11 @@ def claims_table(verdicts: Sequence[Verdict], chapters: Mapping[int, str]) -> st
     return ("<div class='table-wrap'><table class='claims'><tr><th>claim</th><th>what the document says</th>"
             "<th>verdict</th><th>decided by</th><th>conditions</th><th>chapter</th></tr>"
             + "".join(rows) + "</table></div>")
+
+
+def _has_bar(v: Verdict) -> bool:
+    """A row with a number and a bar to hold it to (not a check, not a count of parts)."""
+    return isinstance(v.measured, int | float) and not isinstance(v.measured, bool) and v.threshold is not None
 
 
 def _configurations(parts: Sequence[Verdict]) -> dict[str, bool]:
@@ -286,8 +290,7 @@ def deciding_rows(verdicts: Sequence[Verdict]) -> list[tuple[Verdict, Verdict]]:
                 continue
             # no part took the decision's verdict (an exploratory decision reads inconclusive whatever its
             # parts say): the weakest counted part, as the claims table names it, so figure and table agree
-            numeric = [p for p in parts if isinstance(p.measured, int | float) and not isinstance(p.measured, bool)
-                       and p.threshold is not None]
+            numeric = [p for p in parts if _has_bar(p)]
             out.append((d, weakest_first(numeric or parts)[0]))
             continue
         ratio = {id(p): (bar_ratio(p) or (float("nan"),))[0] for p in same}

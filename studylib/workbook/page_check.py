@@ -160,8 +160,8 @@ class _Reader(HTMLParser):
             self.defects.append(f"a raw key=value pair {m.group(0)!r}… stands in the text; say it in words")
         for m in DICT_LITERAL.finditer(data):
             self.defects.append(f"a dict literal {m.group(0)!r}… stands in the text; say what it maps")
-        if self.cell is None and self.code is None and NAN_IN_TEXT.search(data):
-            at = NAN_IN_TEXT.search(data).start()
+        if self.cell is None and self.code is None and (nan := NAN_IN_TEXT.search(data)):
+            at = nan.start()
             self.defects.append(f"a missing number reads 'nan' in the text (…{data[max(0, at - 30):at + 8].strip()}…); "
                                 "say what is missing or leave the interval out")
         if self.code is None:  # a file name in a code span is judged with the other code (as a name)

@@ -32,7 +32,7 @@ _WORDS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "end-to-end", "e2
           "flops": "FLOPs", "gpu": "GPU", "cpu": "CPU", "rel": "relative", "acc": "accuracy",
           "leviathan": "(Leviathan et al.)", "mc": "(Monte Carlo)"}
 # Names whose suffix is not a unit (``tokens_s`` is a rate, not seconds of tokens)
-_WHOLE = {"tokens_s": "Tokens/s", "tok_s": "Tokens/s", "mc_error": "Monte Carlo error"}
+WHOLE_NAMES = {"tokens_s": "Tokens/s", "tok_s": "Tokens/s", "mc_error": "Monte Carlo error"}
 # Symbols the chapters define (v(k), c, n): kept lower-case at the start of a header.
 _SYMBOLS = {"v", "c", "n", "k", "τ", "α", "γ", "χ²"}
 
@@ -72,6 +72,13 @@ def words(text: str) -> str:
     return _IDENTIFIERS.get(text) or " ".join(_tokens(text))
 
 
+def model_words(name: Any) -> str:
+    """A model as a reader knows it: ``random:smollm2-1.7b`` -> "random weights at smollm2-1.7b's shapes" (a
+    speed study's stand-in), any other name as it is."""
+    text = str(name)
+    return f"random weights at {text.removeprefix('random:')}'s shapes" if text.startswith("random:") else text
+
+
 def key_words(key: Any) -> str:
     """A key inside a sentence: its header's words, lower-case unless an acronym leads ("tokens per second",
     "TTFT p99 (s)")."""
@@ -91,8 +98,8 @@ def header(name: Any) -> str:
     quantity, sep, arm = text.partition(":")
     if sep and quantity and arm:
         return f"{header(quantity)}, {words(arm)}"
-    if text in _WHOLE:
-        return _WHOLE[text]
+    if text in WHOLE_NAMES:
+        return WHOLE_NAMES[text]
     unit = ""
     if text.endswith("_per_s") and len(text) > 6:  # requests_per_s: a rate, not a time ("Requests per (s)")
         text = text[:-6] + "_per_second"

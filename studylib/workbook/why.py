@@ -31,7 +31,7 @@ from studylib.code_registration import REPO_ROOT
 from studylib.errors import StudylibError
 from studylib.workbook.same_kind import _chapter_data as _chapter
 from studylib.workbook.same_kind import _finite
-from studylib.workbook.tables import words
+from studylib.workbook.tables import model_words, words
 
 PUBLISHED = REPO_ROOT / "data" / "published_values.yaml"
 ENTRY_KEYS = ("method", "quantity", "value", "condition", "hardware", "model", "baseline", "source", "url")
@@ -239,10 +239,8 @@ def _sweep_v(out: Path, k: int) -> tuple[str, float] | None:
         at = next((r for r in rows if int(r["rows"]) == k), None)
         one = next((r for r in rows if int(r["rows"]) == 1), None)
         if at is not None and one is not None and (best is None or one["ms"] > best[0]):
-            model = str((data.get("params") or {}).get("model") or f.parent.name.split("=", 1)[1])
-            name = (f"random weights at {model.removeprefix('random:')}'s shapes" if model.startswith("random:")
-                    else model)
-            best = (one["ms"], name, at["v"])
+            model = (data.get("params") or {}).get("model") or f.parent.name.split("=", 1)[1]
+            best = (one["ms"], model_words(model), at["v"])
     return (best[1], best[2]) if best else None
 
 
