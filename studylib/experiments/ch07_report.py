@@ -577,9 +577,16 @@ def quality_text(quality: pd.DataFrame) -> str:
     return out
 
 
+def _gain_words(r) -> str:
+    """A policy's gain with its CI, or the gain alone where its arm has no CI (too few whole runs, or a run
+    without a positive value): a missing bound is said, never printed as 'nan'."""
+    ci = (f" [{r.gain_low:.2f}, {r.gain_high:.2f}]" if pd.notna(r.gain_low) and pd.notna(r.gain_high)
+          else " (no CI over whole runs)")
+    return f"{r.gain:.2f}x{ci}"
+
+
 def throughput_text(tsum: pd.DataFrame) -> str:
-    per = "; ".join(f"{r.policy}: {r.throughput_tok_s:.1f} tok/s ({r.gain:.2f}x [{r.gain_low:.2f}, {r.gain_high:.2f}])"
-                    for r in tsum.itertuples())
+    per = "; ".join(f"{r.policy}: {r.throughput_tok_s:.1f} tok/s ({_gain_words(r)})" for r in tsum.itertuples())
     best = tsum.loc[tsum.gain.idxmax()]
     return (f"Output tokens per second with every request queued at t = 0, and the gain over AR one at a time: {per}. "
             f"The highest is {best.policy} at {best.gain:.2f}x; the claim is {THROUGHPUT_BAR:g}-{THROUGHPUT_TOP:g}x.")
@@ -595,11 +602,11 @@ def forced_text(tsum: pd.DataFrame, batch_runs=None) -> str:
                 "here, so this page cannot say what prompt lookup adds to a batch.")
     f = tsum[tsum.policy == FORCED_POLICY].iloc[0]
     head = (f"The forced stack, {FORCED_POLICY}, declared before the run, serves {f.throughput_tok_s:.1f} tokens per "
-            f"second, {f.gain:.2f}x [{f.gain_low:.2f}, {f.gain_high:.2f}] AR one at a time")
+            f"second, {_gain_words(f)} AR one at a time")
     if BEST_POLICY in pol:
         b = tsum[tsum.policy == BEST_POLICY].iloc[0]
-        head += (f", beside the selected {BEST_POLICY} at {b.throughput_tok_s:.1f} tokens per second, {b.gain:.2f}x "
-                 f"[{b.gain_low:.2f}, {b.gain_high:.2f}]")
+        head += (f", beside the selected {BEST_POLICY} at {b.throughput_tok_s:.1f} tokens per second, "
+                 f"{_gain_words(b)}")
     head += ". "
     from studylib.experiments.ch05_batching import base_arm
 
