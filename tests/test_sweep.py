@@ -273,3 +273,20 @@ def test_the_sweep_page_says_why_a_cell_disagrees_with_the_main_run(tmp_path):
     assert "random weights at big's shapes" in got[0] and "smollm2-135m's trained weights" in got[0]
     assert "the deciding engine is q4_1 in the cell and gguf in the main run" in got[0]
     assert "bbbbbbbbbbbb" in got[0] and "aaaaaaaaaaaa" in got[0] and "1 setting differs (threads;" in got[0]
+
+
+def test_an_exploratory_cell_says_why_its_verdict_is_not_its_parts():
+    """A cell measured before the study's declarations changed shows "3/3 parts hold" beside "inconclusive";
+    the sweep page carries the rules' own reason after the number, and says nothing for a confirmatory one."""
+    import dataclasses
+
+    from studylib.claims import Verdict
+    from studylib.decisions import exploratory
+    from studylib.sweep.page import _why_exploratory
+
+    row = Verdict("C2", "", "m", "3/3 parts hold", None, "", "holds", "every part holds", 1, role="decision")
+    assert _why_exploratory(row) == ""
+    marked = exploratory(row, "its declaration changed in commit abc, after the result's commit def")
+    text = _why_exploratory(marked)
+    assert marked.verdict != "holds" and "its declaration changed in commit abc" in text and "it read 'holds'" in text
+    assert _why_exploratory(dataclasses.replace(marked, conditions="")) == " (exploratory)"

@@ -42,6 +42,16 @@ def _cell_verdicts(cell_dir: Path, chapter: int) -> list:
         return []
 
 
+def _why_exploratory(v) -> str:
+    """Why an exploratory cell's verdict is not the one its parts give (a cell measured before the study's
+    current declarations shows a positive verdict as inconclusive, and its row would read "3/3 parts hold,
+    inconclusive" with no reason): the rules' own note, said once after the number."""
+    if not getattr(v, "exploratory", False):
+        return ""
+    note = str(v.conditions or "").rpartition("exploratory: ")[2]
+    return f" (exploratory: {note})" if note else " (exploratory)"
+
+
 def _measure(v) -> str:
     from studylib.workbook.book import verdict_number
 
@@ -354,7 +364,8 @@ def write_sweep_page(sweep_dir: Path) -> Path:
             if (cell_dir / page_name).exists() else esc(_label(c.get("overrides", {}), varying))
         where = c.get("where") or {}
         verdicts = [v for v in _cell_verdicts(cell_dir, c["chapter"]) if v.role == "decision"] if ok else []
-        vtext = "<br>".join(f"{esc(v.id)} {badge(v.verdict)} {esc(v.metric)}: {esc(_measure(v))}" for v in verdicts)
+        vtext = "<br>".join(f"{esc(v.id)} {badge(v.verdict)} {esc(v.metric)}: {esc(_measure(v))}{esc(_why_exploratory(v))}"
+                            for v in verdicts)
         status = c["status"] if c["status"] != "failed" else f"<span class='failed'>failed</span>: {esc(c.get('error') or '')}"
         rows.append(f"<tr><td>{link}</td><td>{nn}</td><td>{status}</td><td>{c.get('attempts', '')}</td>"
                     f"<td>{esc(str(where.get('cpu') or where.get('host', '')))}<br>{esc(str(where.get('device', '')))}, "
