@@ -377,6 +377,22 @@ def test_the_claims_figure_has_one_row_per_claim_and_chapter_with_the_part_that_
            row("C9", 8, "part", HOLDS, "gguf: both", by_construction=True),
            row("C9", 8, "part", HOLDS, "speed, gguf", 9.0, 2.0)]
     assert [(d.id, p.metric) for d, p in deciding_rows(vs9)] == [("C9", "speed, q8_0")]
+    # a part that itself holds only under conditions gave a conditional decision its verdict (C4's eviction
+    # ratio beside an exactness check that holds): the figure once plotted the check, the table the ratio
+    vs4c = [row("C4", 4, "decision", CONDITIONAL, "d4"), row("C4", 4, "part", HOLDS, "identical", 1.0),
+            row("C4", 4, "part", CONDITIONAL, "lru / belady", 0.98, 0.95)]
+    assert [(d.id, p.metric) for d, p in deciding_rows(vs4c)] == [("C4", "lru / belady")]
+    # an inconclusive decision is shown by the part the table calls weakest (the CI end nearest its bar),
+    # not by the lowest point estimate: the two once named different quality rows for C6
+    import dataclasses
+
+    from studylib.workbook.book import weakest_first
+
+    # chapter 6's quality rows: quest:2048 has the lower point, quest:1024 the lower bound
+    q2048 = dataclasses.replace(row("C6", 6, "part", INCONCLUSIVE, "q2048", 1.0043, 0.99), ci=(0.9835, 1.025))
+    q1024 = dataclasses.replace(row("C6", 6, "part", INCONCLUSIVE, "q1024", 1.0076, 0.99), ci=(0.9816, 1.034))
+    vs6 = [row("C6", 6, "decision", INCONCLUSIVE, "d6"), q2048, q1024]
+    assert deciding_rows(vs6)[0][1].metric == weakest_first([q2048, q1024])[0].metric == "q1024"
 
 
 def test_the_claims_figure_has_one_row_per_claim_at_print_size(tmp_path):

@@ -277,6 +277,12 @@ def deciding_rows(verdicts: Sequence[Verdict]) -> list[tuple[Verdict, Verdict]]:
         parts = [p for p in verdicts if p.role != DECISION and p.id == d.id and p.chapter == d.chapter
                  and not p.by_construction]
         want = HOLDS if d.verdict in (HOLDS, CONDITIONAL) else d.verdict
+        conditional = [p for p in parts if d.verdict == CONDITIONAL and p.verdict == CONDITIONAL]
+        if conditional:
+            # a part that itself holds only under conditions gave the decision its verdict (C4's eviction
+            # ratio, beside an exactness check that holds outright): that part is the row, as in the table
+            out.append((d, weakest_first(conditional)[0]))
+            continue
         same = [p for p in parts if p.verdict == want]
         if want == HOLDS:
             # a hold is carried by a configuration that holds: a part that holds inside a configuration that
@@ -300,6 +306,11 @@ def deciding_rows(verdicts: Sequence[Verdict]) -> list[tuple[Verdict, Verdict]]:
             # the holding part furthest past its bar; a check beside it (a configuration's own row, no bar)
             # once sorted last and handed the row to the part nearest its bar
             out.append((d, numeric[-1]))
+        elif want != HOLDS:
+            # the weakest part with the decision's verdict, ordered as the claims table orders it (worst
+            # verdict, then the CI's end nearest its bar), so the figure's row is the table's "weakest part"
+            with_bar = [p for p in same if _has_bar(p)]
+            out.append((d, weakest_first(with_bar or same)[0]))
         else:
             out.append((d, ranked[0]))
     return out
