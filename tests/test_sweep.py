@@ -290,3 +290,5 @@ def test_an_exploratory_cell_says_why_its_verdict_is_not_its_parts():
     text = _why_exploratory(marked)
     assert marked.verdict != "holds" and "its declaration changed in commit abc" in text and "it read 'holds'" in text
     assert _why_exploratory(dataclasses.replace(marked, conditions="")) == " (exploratory)"
+    # an exploratory row whose conditions carry no reason never prints its conditions as the reason
+    assert _why_exploratory(dataclasses.replace(marked, conditions="smollm2, 2 threads")) == " (exploratory)"

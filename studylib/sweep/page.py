@@ -48,8 +48,8 @@ def _why_exploratory(v) -> str:
     inconclusive" with no reason): the rules' own note, said once after the number."""
     if not getattr(v, "exploratory", False):
         return ""
-    note = str(v.conditions or "").rpartition("exploratory: ")[2]
-    return f" (exploratory: {note})" if note else " (exploratory)"
+    _, marked, note = str(v.conditions or "").rpartition("exploratory: ")
+    return f" (exploratory: {note})" if marked and note else " (exploratory)"
 
 
 def _measure(v) -> str:

@@ -277,7 +277,7 @@ def deciding_rows(verdicts: Sequence[Verdict]) -> list[tuple[Verdict, Verdict]]:
         parts = [p for p in verdicts if p.role != DECISION and p.id == d.id and p.chapter == d.chapter
                  and not p.by_construction]
         want = HOLDS if d.verdict in (HOLDS, CONDITIONAL) else d.verdict
-        conditional = [p for p in parts if d.verdict == CONDITIONAL and p.verdict == CONDITIONAL]
+        conditional = [p for p in parts if p.verdict == CONDITIONAL] if d.verdict == CONDITIONAL else []
         if conditional:
             # a part that itself holds only under conditions gave the decision its verdict (C4's eviction
             # ratio, beside an exactness check that holds outright): that part is the row, as in the table
@@ -296,24 +296,26 @@ def deciding_rows(verdicts: Sequence[Verdict]) -> list[tuple[Verdict, Verdict]]:
                 continue
             # no part took the decision's verdict (an exploratory decision reads inconclusive whatever its
             # parts say): the weakest counted part, as the claims table names it, so figure and table agree
-            numeric = [p for p in parts if _has_bar(p)]
-            out.append((d, weakest_first(numeric or parts)[0]))
+            out.append((d, _weakest(parts)))
+            continue
+        if want != HOLDS:
+            # the weakest part with the decision's verdict, ordered as the claims table orders it (worst
+            # verdict, then the CI's end nearest its bar), so the figure's row is the table's "weakest part"
+            out.append((d, _weakest(same)))
             continue
         ratio = {id(p): (bar_ratio(p) or (float("nan"),))[0] for p in same}
         ranked = sorted(same, key=lambda p: (math.isnan(ratio[id(p)]), ratio[id(p)]))
         numeric = [p for p in ranked if not math.isnan(ratio[id(p)])]
-        if want == HOLDS and numeric:
-            # the holding part furthest past its bar; a check beside it (a configuration's own row, no bar)
-            # once sorted last and handed the row to the part nearest its bar
-            out.append((d, numeric[-1]))
-        elif want != HOLDS:
-            # the weakest part with the decision's verdict, ordered as the claims table orders it (worst
-            # verdict, then the CI's end nearest its bar), so the figure's row is the table's "weakest part"
-            with_bar = [p for p in same if _has_bar(p)]
-            out.append((d, weakest_first(with_bar or same)[0]))
-        else:
-            out.append((d, ranked[0]))
+        # the holding part furthest past its bar; a check beside it (a configuration's own row, no bar) once
+        # sorted last and handed the row to the part nearest its bar
+        out.append((d, numeric[-1] if numeric else ranked[0]))
     return out
+
+
+def _weakest(rows: Sequence[Verdict]) -> Verdict:
+    """The claims table's "weakest part" among ``rows``: rows with a number and a bar first, then the worst
+    verdict and the CI end nearest its bar (``weakest_first``)."""
+    return weakest_first([p for p in rows if _has_bar(p)] or list(rows))[0]
 
 
 def claim_rows(verdicts: Sequence[Verdict]) -> list[tuple[Verdict, Verdict]]:
