@@ -24,11 +24,11 @@ from scipy import stats
 # (``session_drift.estimate_from_ledger``) takes them.
 from studylib.bench.session_drift import (
     ARM_VS_ARM,
-    DECLARED,
-    DECLARED_DF,
     RUN_UNITS,
     VS_MACHINE,
     VS_MACHINE_CLAIMS,
+    df_between,
+    sd_between,
 )
 
 
@@ -64,8 +64,10 @@ def main(revs: list[str]) -> int:
                 continue
             half = max(math.log(hi / m), math.log(m / lo))
             kind = VS_MACHINE if v["id"] in VS_MACHINE_CLAIMS else ARM_VS_ARM
-            q = stats.t.ppf((1 + float(v.get("confidence") or 0.95)) / 2, DECLARED_DF[kind])
-            wide = math.hypot(half, q * DECLARED[kind])
+            # each chapter's own declaration (a chapter without one takes its kind's widest)
+            metric = "bytes_share" if kind == VS_MACHINE else "speedup"
+            q = stats.t.ppf((1 + float(v.get("confidence") or 0.95)) / 2, df_between(metric, ch))
+            wide = math.hypot(half, q * sd_between(metric, ch))
             nlo, nhi = m * math.exp(-wide), m * math.exp(wide)
             bar, d = float(v["threshold"]), v.get("direction", "at_least")
             print(f"ch{ch} {v['id']} {v['metric'][:70]:70s} {m:.3f} [{lo:.3f}, {hi:.3f}] {side(lo, hi, bar, d):9s}"

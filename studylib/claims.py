@@ -226,7 +226,7 @@ def _judge_bound(claim_id, metric, estimate, threshold, claimed, conditions, cha
     if p.method and p.method.startswith(RUN_CI) and p.n is not None:
         notes.append(f"CI over {p.n} whole runs: {p.method}; "
                      + ("conservative if the log run values are normal and the declared sd is right"
-                        if "between-session" in p.method else "exact if the log run medians are normal"))
+                        if any(w in p.method for w in ("between cold runs", "between-session")) else "exact if the log run medians are normal"))
     return Verdict(claim_id, "", metric, p.value, p.ci, claimed, verdict, _join(conditions, *notes), chapter,
                    n=p.n, threshold=threshold, direction=direction, role=role, unit=unit,
                    by_construction=by_construction, confidence=confidence, tried=tried, power=power,
@@ -331,7 +331,8 @@ def decide_parts(claim_id: str, metric: str, parts: Sequence[Verdict], claimed: 
     weakest = min(counted, key=lambda p: _ORDER[p.verdict])
     verdict = weakest.verdict
     if verdict == HOLDS:
-        note = "every part holds"
+        # a part left uncounted (true by construction) may read otherwise: say which parts "every" means
+        note = "every part holds" if len(counted) == len(parts) else "every counted part holds"
     else:
         short = [f"{p.metric}: {p.verdict}" for p in counted if p.verdict != HOLDS]
         note = f"decided by the weakest part ({'; '.join(short)})"

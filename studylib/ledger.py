@@ -37,7 +37,7 @@ def entry(record: Mapping[str, Any]) -> dict[str, Any]:
             "written": record.get("written"), "commit": str(prov.get("git_commit") or ""),
             "dirty": bool(prov.get("git_dirty")), "cpu": prov.get("cpu"),
             "isa": (prov.get("isa") or {}).get("label"), "load_average_1min": prov.get("load_average_1min"),
-            "code": fp.get("code"), "params": fp.get("params"), "rows": rows}
+            "boot": prov.get("boot"), "code": fp.get("code"), "params": fp.get("params"), "rows": rows}
 
 
 def append(record: Mapping[str, Any], path: str | Path | None = None) -> dict[str, Any]:

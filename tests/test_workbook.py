@@ -171,7 +171,7 @@ def test_save_chapter_and_provenance_outside_a_notebook(tmp_path, capsys):
         save_chapter(2, "t", [v], {}, tmp_path, display=False, declarations=None)
     show_provenance(model="m", device="cpu")
     out = capsys.readouterr().out
-    assert "parameters: model=m, device=cpu" in out and "git commit" in out
+    assert "parameters: model=m; device=cpu" in out and "git commit" in out
     assert to_jsonable({1: (1, 2)}) == {"1": [1, 2]}
 
 

@@ -237,6 +237,16 @@ def _load_average() -> float | None:
         return None
 
 
+def boot_id() -> str | None:
+    """This machine's boot, as the kernel names it (a short hash of /proc/sys/kernel/random/boot_id): one VM
+    draw, so ledger lines can be grouped by host when the drift between hosts is estimated. None off Linux."""
+    try:
+        raw = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+    return hashlib.sha256(raw.encode()).hexdigest()[:12] if raw else None
+
+
 def provenance(**params: object) -> dict:
     import torch
 
@@ -263,6 +273,7 @@ def provenance(**params: object) -> dict:
         # The 1-minute load average when the numbers were taken: timings on these 2-core machines move
         # when anything else runs beside them (a co-running test once turned a chapter 1 verdict).
         "load_average_1min": _load_average(),
+        "boot": boot_id(),
         "gpu": gpu,
         # Which kernels ran: each moves CPU timings (stream vs MKL linears ~1.5x; Quest's C kernel in
         # chapter 6; the block-format build, avx512 / avx2 / torch, for --weights other than dense).

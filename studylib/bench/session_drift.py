@@ -1,24 +1,35 @@
-"""Between-session drift: the spread of a machine-level number that one session's whole runs cannot see.
+"""Run-to-run drift: the spread of a machine-level number that one chapter's whole runs cannot see.
 
-Five whole runs inside one session agree to about +-1.3% (t on their logs), yet the same chapter run in
-another session of the same machine class moved by more: chapter 3's lookahead speed-up from 0.985 to
-1.020, chapter 1's bytes share from 0.476 to 0.438. A session is one draw of the machine (the host the
-VM landed on, its neighbours, its clocks), so a claim about the machine class has two variance
-components: between runs inside a session (which the runs measure) and between sessions (which they
-cannot). ``stats.run_estimate`` adds the second as a *declared* standard deviation on the log scale:
+A chapter's whole runs run back to back, within a few minutes of each other, so they agree closely (t on
+their logs), yet the same code run cold again an hour later, or in another session on another host, moves
+by more: chapter 8's q8_0 speed-up read 3.74 and 3.23 in two cold runs of one code an hour apart, its ten
+runs inside each within a few percent. So a claim about the machine class has two variance components:
+between the runs inside one chapter run (which the runs measure) and between cold runs of the chapter
+(which they cannot). ``stats.run_estimate`` adds the second as a *declared* standard deviation on the log
+scale:
 
     half-width = sqrt((t_{n-1} * s / sqrt(n))**2 + (t_{df_between} * sd_between)**2)
 
 (both t at the CI's confidence; a sum of squares of the two half-widths, which is at least the interval
 of the combined variance, so the coverage errs on the safe side). sd_between is itself an estimate from a
-few sessions, so its quantile is Student's t on the degrees of freedom it was estimated with, not z: a
-spread seen in few sessions widens the interval more than one seen in many.
+few cold runs, so its quantile is Student's t on the degrees of freedom it was estimated with, not z: a
+spread seen in few runs widens the interval more than one seen in many.
 
-The declared values are fixed here, before the run that they widen, from the ledger of earlier
-sessions (``estimate_from_ledger`` over the lines written up to ``AS_OF``; ``python -m
-studylib.bench.session_drift`` prints it). They are rounded *up* to two decimals. The estimate does not
-subtract the within-session error from the session differences, so it overstates the between-session
-part: conservative, never flattering. The ledger of the run being judged never feeds its own widening.
+How it is estimated (``estimate_from_ledger``): every ledger line is one cold run of a chapter. Lines are
+grouped by the chapter's code fingerprint, so a change of code is never counted as drift (an earlier rule
+grouped by commit and so pooled code changes in), and a group holds the same code on whatever host and at
+whatever hour it ran: reruns in one session and reruns in another alike. The spread is pooled per chapter,
+because chapters' quantities differ in how much the machine moves them (chapter 8's formats are timed
+against an fp32 reference that streams 540 MB a token; chapter 6's arms read the same cache), and its
+degrees of freedom are the chapter's independent lines, not its rows (one machine draw moves every number
+of a line together).
+
+The declared values are fixed here, before the run that they widen, from the ledger lines written up to
+``AS_OF`` (``python -m studylib.bench.session_drift`` prints the estimate beside the declaration). They are
+rounded *up* to two decimals. The estimate does not subtract the within-run error from the differences
+between lines, so it overstates the drift: conservative, never flattering. The ledger of the run being
+judged never feeds its own widening. A chapter with no two cold runs of one code takes its kind's widest
+declared sd on its fewest degrees of freedom.
 
 Two kinds, because they drift differently:
 
@@ -31,6 +42,7 @@ Two kinds, because they drift differently:
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -38,17 +50,20 @@ from typing import Any
 from studylib.verdict import LEGACY_UNITS, RUNS
 
 ARM_VS_ARM, VS_MACHINE = "arm_vs_arm", "vs_machine"
-# Declared before the run (see the module docstring): sd of log(value) between sessions, per kind.
-AS_OF = "2026-12-06T09:00:00+00:00"
-DECLARED = {ARM_VS_ARM: 0.04, VS_MACHINE: 0.06}
-# the degrees of freedom each sd was estimated with (sessions - 1, pooled): the t quantile's
-DECLARED_DF = {ARM_VS_ARM: 3, VS_MACHINE: 4}
+# Declared before the run (see the module docstring): sd of log(value) between cold runs of one chapter's
+# code, per (chapter, kind), and the degrees of freedom each was estimated with (its quantile is t on them).
+AS_OF = "2026-12-07T13:40:00+00:00"
+DECLARED = {(1, VS_MACHINE): 0.08, (2, ARM_VS_ARM): 0.05, (3, ARM_VS_ARM): 0.04, (5, ARM_VS_ARM): 0.03,
+            (6, ARM_VS_ARM): 0.02, (7, ARM_VS_ARM): 0.03, (8, ARM_VS_ARM): 0.05}
+DECLARED_DF = {(1, VS_MACHINE): 10, (2, ARM_VS_ARM): 8, (3, ARM_VS_ARM): 8, (5, ARM_VS_ARM): 7,
+               (6, ARM_VS_ARM): 7, (7, ARM_VS_ARM): 7, (8, ARM_VS_ARM): 6}
 # Whole-run metric keys (``WholeRuns`` metrics) measured against the machine rather than arm against arm.
 VS_MACHINE_METRICS = ("bytes_share", "bandwidth_fraction", "tok_s", "throughput")
 # In the ledger a row carries its claim, not its metric key: C1's whole-run row is the bytes share and
 # C2's the bandwidth fraction (both against the machine); every other whole-run row is a speed-up or gain.
 VS_MACHINE_CLAIMS = ("C1", "C2")
 RUN_UNITS = (RUNS, *LEGACY_UNITS)  # the unit and its earlier names, as older ledger lines carry them
+_CHAPTER = re.compile(r"(?:^|\.)ch(\d+)_")
 
 
 def kind_of(metric: str) -> str:
@@ -56,52 +71,72 @@ def kind_of(metric: str) -> str:
     return VS_MACHINE if metric.split(":", 1)[0] in VS_MACHINE_METRICS else ARM_VS_ARM
 
 
-def sd_between(metric: str) -> float:
-    """The declared between-session sd (log scale) that widens ``metric``'s CI over whole runs."""
-    return DECLARED[kind_of(metric)]
+def chapter_of(target: str) -> int | None:
+    """The chapter whose timing section ``target`` ("studylib.experiments.ch08_compression:fn") is, if any."""
+    m = _CHAPTER.search(target.partition(":")[0])
+    return int(m.group(1)) if m else None
 
 
-def df_between(metric: str) -> int:
-    """The degrees of freedom ``sd_between(metric)`` was estimated with (its quantile is t on them)."""
-    return DECLARED_DF[kind_of(metric)]
+def _declared(metric: str, chapter: int | None) -> tuple[float, int]:
+    """The (sd, df) declared for ``metric`` measured in ``chapter``. A chapter with no declaration of that kind
+    (no two cold runs of one code yet) takes the kind's widest sd on its fewest df: never a flattering one."""
+    kind = kind_of(metric)
+    if (chapter, kind) in DECLARED:
+        return DECLARED[(chapter, kind)], DECLARED_DF[(chapter, kind)]
+    same = [k for k in DECLARED if k[1] == kind] or list(DECLARED)
+    return max(DECLARED[k] for k in same), min(DECLARED_DF[k] for k in same)
 
 
-def estimate_from_ledger(lines: Iterable[Mapping[str, Any]], as_of: str = AS_OF) -> dict[str, dict[str, float]]:
-    """The pooled between-session sd of log(value), per kind, from the ledger lines written up to ``as_of``.
+def sd_between(metric: str, chapter: int | None = None) -> float:
+    """The declared drift sd (log scale) that widens ``metric``'s CI over whole runs in ``chapter``."""
+    return _declared(metric, chapter)[0]
 
-    A session is a (chapter, commit) pair; when a chapter was run twice at one commit the later line
-    stands (an aborted, disturbed attempt is superseded by its clean rerun). For each whole-run row
-    (claim, metric text) seen in two or more sessions, the log values' deviations from their mean are
-    pooled: sd^2 = sum of squared deviations / sum of (sessions - 1). Returns {kind: {"sd", "df"}}."""
-    last: dict[tuple, Mapping[str, Any]] = {}
-    for line in lines:
-        if str(line.get("written") or "") <= as_of and line.get("commit"):
-            last[(line.get("chapter"), line.get("commit"), line.get("profile"))] = line
+
+def df_between(metric: str, chapter: int | None = None) -> int:
+    """The degrees of freedom ``sd_between(metric, chapter)`` was estimated with (its quantile is t on them)."""
+    return _declared(metric, chapter)[1]
+
+
+def estimate_from_ledger(lines: Iterable[Mapping[str, Any]], as_of: str = AS_OF) -> dict[tuple, dict[str, float]]:
+    """The drift between cold runs of one chapter's code, per (chapter, kind), from the ledger lines written
+    up to ``as_of``. Returns {(chapter, kind): {"sd", "df"}}.
+
+    A run is a ledger line, every one of them: a chapter run twice at one commit is two draws of the machine
+    (the pairs of cold runs are exactly that), and a disturbed attempt left in can only widen. Lines are
+    grouped by the chapter's code and parameter fingerprints, so a change of either never counts as drift,
+    and a group's lines are the same code on whatever host and at whatever hour it ran. For each whole-run row (claim, metric text) of a group, the log values' deviations
+    from their mean are pooled per chapter and kind: sd^2 = sum of squared deviations / sum of (values - 1).
+    The rows of one line move together (one machine draw moves every number measured in it), so they add no
+    degrees of freedom: df is the chapter's independent lines, sum over its groups of (lines - 1), counting
+    the lines of a group's most-repeated pooled row."""
+    kept = [line for line in lines if str(line.get("written") or "") <= as_of and line.get("commit")]
     values: dict[tuple, list[float]] = defaultdict(list)
-    for line in last.values():
+    for line in kept:
+        # one code and one set of parameters: a change of either is never drift
+        group = (line.get("profile"), line.get("chapter"), line.get("code") or line.get("commit"), line.get("params"))
         for row in line.get("rows") or []:
             m = row.get("measured")
             if row.get("unit") in RUN_UNITS and isinstance(m, int | float) and m > 0 and math.isfinite(m):
-                values[(line.get("profile"), row.get("id"), row.get("metric"))].append(math.log(m))
-    ss: dict[str, float] = defaultdict(float)
-    pooled: dict[str, int] = defaultdict(int)
-    sessions: dict[str, int] = defaultdict(int)
-    for (_, claim, _), logs in values.items():
+                kind = VS_MACHINE if row.get("id") in VS_MACHINE_CLAIMS else ARM_VS_ARM
+                values[(*group, kind, row.get("id"), row.get("metric"))].append(math.log(m))
+    ss: dict[tuple, float] = defaultdict(float)
+    pooled: dict[tuple, int] = defaultdict(int)
+    group_df: dict[tuple, int] = defaultdict(int)
+    for (_, chapter, code, params, kind, _, _), logs in values.items():
         if len(logs) < 2:
-            continue
-        kind = VS_MACHINE if claim in VS_MACHINE_CLAIMS else ARM_VS_ARM
+            continue  # a row seen once (its metric text names its own numbers) pools nothing
         mean = sum(logs) / len(logs)
-        ss[kind] += sum((x - mean) ** 2 for x in logs)
-        pooled[kind] += len(logs) - 1
-        sessions[kind] = max(sessions[kind], len(logs))
-    # The rows of one session move together (one machine draw moves every number measured in it), so pooling
-    # rows adds no independent evidence: the sd pools every row, but its degrees of freedom are the sessions'
-    # own, the most sessions any one row was seen in, minus one (not the pooled sum, which counts one
-    # session's correlated rows as independent).
-    return {k: {"sd": math.sqrt(ss[k] / pooled[k]), "df": float(sessions[k] - 1)} for k in pooled}
+        ss[(chapter, kind)] += sum((x - mean) ** 2 for x in logs)
+        pooled[(chapter, kind)] += len(logs) - 1
+        # a group's independent lines are those of its most-repeated pooled row, less one
+        group_df[(chapter, kind, code, params)] = max(group_df[(chapter, kind, code, params)], len(logs) - 1)
+    df: dict[tuple, int] = defaultdict(int)
+    for (chapter, kind, _, _), d in group_df.items():
+        df[(chapter, kind)] += d
+    return {k: {"sd": math.sqrt(ss[k] / pooled[k]), "df": float(df[k])} for k in pooled}
 
 
-def declared_from(estimates: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+def declared_from(estimates: Mapping[tuple, Mapping[str, float]]) -> dict[tuple, float]:
     """The declaration that ``estimates`` give: each sd rounded up to two decimals."""
     return {k: math.ceil(v["sd"] * 100 - 1e-9) / 100 for k, v in estimates.items()}
 
@@ -111,8 +146,8 @@ def main() -> int:
 
     est = estimate_from_ledger(ledger.read())
     for k, v in sorted(est.items()):
-        print(f"{k}: sd {v['sd']:.4f} over {v['df']:g} df -> declare {declared_from(est)[k]:.2f} on "
-              f"{v['df']:g} df (declared now {DECLARED.get(k)} on {DECLARED_DF.get(k)} df)")
+        print(f"chapter {k[0]}, {k[1]}: sd {v['sd']:.4f} over {v['df']:g} df -> declare {declared_from(est)[k]:.2f} "
+              f"on {v['df']:g} df (declared now {DECLARED.get(k)} on {DECLARED_DF.get(k)} df)")
     return 0
 
 

@@ -289,8 +289,17 @@ def _widened(lo: float, hi: float, mc: float, s_lo: float, s_hi: float, coverage
     method = f"{BCA}; below {SMALL_N} units, widened to {how} where that is wider"
     if coverage < confidence:
         mc = max(mc, hi - lo)
-        method += f" (which covers only {coverage:.1%} at n={n})"
+        method += f" ({SHORT_OF_LEVEL} {coverage:.1%} at n={n})"
     return lo, hi, mc, method
+
+
+SHORT_OF_LEVEL = "which covers only"  # in an estimate's method: its interval falls short of its stated level
+
+
+def reaches_level(e: Estimate) -> bool:
+    """Whether ``e``'s interval covers its stated level: one too few units widened as far as it goes (a
+    [min, max] of 2 covers 50%) does not, and a table shows its value alone rather than print it as a CI."""
+    return SHORT_OF_LEVEL not in (e.method or "")
 
 
 # Below SMALL_N units a median's or mean's bootstrap CI is widened to these (low, high, coverage, name).
@@ -333,7 +342,7 @@ def run_estimate(run_values: Sequence[float], confidence: float = 0.95, session_
     if session_df is not None and session_df < 1:
         raise ValueError(f"session_df must be at least 1, got {session_df}")
     if session_sd > 0:
-        method += f" and a declared between-session sd of {session_sd:g} (log" + (
+        method += f" and a declared drift sd of {session_sd:g} between cold runs (log" + (
             f", t on its {session_df} df)" if session_df else ")")
     if x.size < 2:
         v = float(x[0]) if x.size else float("nan")

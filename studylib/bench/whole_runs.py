@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from studylib.bench.session_drift import df_between, sd_between
+from studylib.bench.session_drift import chapter_of, df_between, sd_between
 from studylib.bench.stats import Estimate, no_ci, run_estimate
 from studylib.errors import StudylibError
 
@@ -61,7 +61,7 @@ class WholeRuns:
 
     def estimate(self, metric: str, confidence: float = 0.95) -> Estimate:
         """``metric``'s CI over the runs (t on the log of the per-run values, widened by the declared
-        between-session sd of its kind, ``session_drift``). A run whose value is not a
+        drift of its chapter and kind, ``session_drift``). A run whose value is not a
         positive number (a share that came out negative, a throughput of an empty share) leaves the
         metric without a CI, so the rules cannot decide on it, rather than stopping the chapter."""
         import math
@@ -69,7 +69,9 @@ class WholeRuns:
         vals = self.values(metric)
         if any(not math.isfinite(v) or v <= 0 for v in vals):
             return no_ci(len(vals), vals, confidence, "no CI: a run's value is not a positive number")
-        return run_estimate(vals, confidence, session_sd=sd_between(metric), session_df=df_between(metric))
+        chapter = chapter_of(self.target)  # each chapter's quantities drift by their own declared amount
+        return run_estimate(vals, confidence, session_sd=sd_between(metric, chapter),
+                            session_df=df_between(metric, chapter))
 
     def get(self, metric: str, confidence: float = 0.95) -> Estimate | None:
         """``estimate(metric)``, or None when some run did not measure it (e.g. no bytes fit on a GPU)."""

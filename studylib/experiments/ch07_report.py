@@ -110,11 +110,11 @@ def anchors_frame(ours: Sequence[dict] = ()) -> pd.DataFrame:
 def _anchor_row(chapter: int, r: Mapping) -> dict:
     main = r.get("result", r.get("speedup"))
     skip = {"source", "hardware", "model", "result", "speedup"}
-    # a published number is quoted as printed (never rounded): the key in words, the value as it stands
-    extra = ", ".join(f"{key_words(k)}: {v}" for k, v in r.items()
+    # a published number is quoted as printed (never rounded): the key in words, the value as it stands, as a
+    # phrase ("batch 1, tokens per second 104.9"), the headline number first with its conditions after it
+    extra = ", ".join(f"{key_words(k)} {v}" for k, v in r.items()
                       if k not in skip and v is not None and v == v and v != "")
-    result = " ".join(x for x in (f"[{extra}]" if extra and main is not None else extra,
-                                  None if main is None else f"{main}") if x)
+    result = extra if main is None else f"{main} ({extra})" if extra else f"{main}"
     return {"chapter": chapter, "source": r.get("source", ""), "result": result, "model": r.get("model", ""),
             "hardware": r.get("hardware", "")}
 
@@ -199,7 +199,7 @@ def selection_vs_confirmation(selected: pd.DataFrame, confirmed: pd.DataFrame) -
     def ci(r, v, lo=None, hi=None):
         if pd.isna(r.get(v)):
             return "-"  # not measured
-        return _ci(r[v], r[lo], r[hi]) if lo and pd.notna(r.get(lo)) and pd.notna(r.get(hi)) else f"{r[v]:.2f}"
+        return _ci(r[v], r.get(lo), r.get(hi)) if lo else f"{r[v]:.2f}"
 
     rows = []
     conf = {(r.workload, r.stack): r for r in confirmed.itertuples()}
@@ -364,8 +364,11 @@ C8_NAMES = {C8_PREFIX: "prefix: TTFT not TPOT", C8_SPARSE: "sparse gain grows wi
             C8_STACK: "stack below the product of its parts"}
 
 
-def _ci(value, low, high) -> str:
-    return f"{value:.2f} [{low:.2f}, {high:.2f}]"
+def _ci(value, low, high, missing: str = "", unit: str = "") -> str:
+    """A value with its CI, or the value alone (then ``missing``) where a bound is absent: never 'nan'."""
+    if pd.notna(low) and pd.notna(high):
+        return f"{value:.2f}{unit} [{low:.2f}, {high:.2f}]"
+    return f"{value:.2f}{unit}{missing}"
 
 
 def c8_confidence() -> float:
@@ -580,9 +583,7 @@ def quality_text(quality: pd.DataFrame) -> str:
 def _gain_words(r) -> str:
     """A policy's gain with its CI, or the gain alone where its arm has no CI (too few whole runs, or a run
     without a positive value): a missing bound is said, never printed as 'nan'."""
-    ci = (f" [{r.gain_low:.2f}, {r.gain_high:.2f}]" if pd.notna(r.gain_low) and pd.notna(r.gain_high)
-          else " (no CI over whole runs)")
-    return f"{r.gain:.2f}x{ci}"
+    return _ci(r.gain, r.gain_low, r.gain_high, " (no CI over whole runs)", unit="x")
 
 
 def throughput_text(tsum: pd.DataFrame) -> str:

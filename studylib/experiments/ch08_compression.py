@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from studylib import plots
-from studylib.bench.stats import estimate, no_ci, ratio_estimate, rotated
+from studylib.bench.stats import estimate, no_ci, ratio_estimate, reaches_level, rotated
 from studylib.claims import (
     FAILS,
     Verdict,
@@ -244,10 +244,14 @@ def speed_summary(decode: pd.DataFrame, prefill: pd.DataFrame, roofline_tok_s: M
         sp = ratio_estimate(base_d.decode_s_per_token.tolist(), d.decode_s_per_token.tolist(), confidence=confidence)
         pf = ratio_estimate(base_p.seconds.tolist(), p.seconds.tolist(), confidence=confidence)
         roof = roofline_tok_s.get(arm, float("nan"))
-        rows.append({"arm": arm, "baseline": ref, "decode_tok_s": tps.value, "decode_tok_s_low": tps.ci_low,
-                     "decode_tok_s_high": tps.ci_high, "speedup": sp.value, "speedup_low": sp.ci_low,
-                     "speedup_high": sp.ci_high, "prefill_speedup": pf.value, "prefill_low": pf.ci_low,
-                     "prefill_high": pf.ci_high, "roofline_tok_s": roof,
+        # a CI that cannot reach its level (the [min, max] of 2 prompts covers 50%) is not shown as one: the
+        # value stands alone; the decision reads the whole runs, not this table
+        (tl, th), (sl, sh), (pl, ph) = ((e.ci_low, e.ci_high) if reaches_level(e) else (float("nan"),) * 2
+                                        for e in (tps, sp, pf))
+        rows.append({"arm": arm, "baseline": ref, "decode_tok_s": tps.value, "decode_tok_s_low": tl,
+                     "decode_tok_s_high": th, "speedup": sp.value, "speedup_low": sl,
+                     "speedup_high": sh, "prefill_speedup": pf.value, "prefill_low": pl,
+                     "prefill_high": ph, "roofline_tok_s": roof,
                      "fraction_of_roofline": tps.value / roof if roof else float("nan"), "n": sp.n,
                      "confidence": confidence, "estimate": sp})
     return pd.DataFrame(rows)
@@ -491,7 +495,9 @@ def plot_frontier(table: pd.DataFrame, ax=None):
         if r.arm in SPEED_ONLY:
             continue
         kl = max(r.kl_mean, 1e-7)
-        ax.errorbar(r.speedup, kl, xerr=[[r.speedup - r.speedup_low], [r.speedup_high - r.speedup]], fmt="o",
+        ci = np.isfinite([r.speedup_low, r.speedup_high]).all()  # no bar where the table shows no CI
+        ax.errorbar(r.speedup, kl, xerr=[[r.speedup - r.speedup_low], [r.speedup_high - r.speedup]] if ci else None,
+                    fmt="o",
                     color=plots.color("studylib" if r.arm != BASELINE else "ar"), capsize=3)
         points.append((r.arm, r.speedup, kl))
     ax.set(yscale="log", xlabel="decode speed-up over dense fp32 on the same path (median, 95% CI)",
@@ -567,7 +573,7 @@ def judge_c9(speed: pd.DataFrame, task: pd.DataFrame, identities: Mapping[str, d
         key = f"speedup:{r.arm}"
         over = runs is not None and key in runs.metrics()
         beside = (f"{len(runs.runs)} whole runs (fresh processes); in this page's main run, over {r.n} prompts: "
-                  f"{r.speedup:.3g} [{r.speedup_low:.3g}, {r.speedup_high:.3g}] (shown, not deciding)") if over else ""
+                  f"{_value_ci(r.speedup, r.speedup_low, r.speedup_high, '.3g')} (shown, not deciding)") if over else ""
         sp = judge_at_least("C9", f"decode speed-up over {ref}, {r.arm}",
                             runs.estimate(key, confidence) if over else r.estimate, speed_bar,
                             f">= {speed_bar:g}x faster per token", "; ".join(x for x in (conditions, beside) if x),
@@ -671,6 +677,13 @@ def identity_text(identity: dict | None) -> str:
             "near-tie between the top two tokens; once one token differs, the continuations diverge.")
 
 
+def _value_ci(value: float, low: float, high: float, fmt: str = ".2f") -> str:
+    """A value with its CI in brackets, or the value alone where the CI is not shown (``speed_summary``)."""
+    if np.isfinite([low, high]).all():
+        return f"{value:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
+    return f"{value:{fmt}} (no CI at this level)"
+
+
 def frontier_text(table: pd.DataFrame, exact: Sequence[str] = ()) -> str:
     """The frontier in words, from ``table`` (``combined``); ``exact`` (``exact_arms``) are the arms with
     the reference's own weights, which are the reference's quality by construction and so are left out of
@@ -681,8 +694,10 @@ def frontier_text(table: pd.DataFrame, exact: Sequence[str] = ()) -> str:
     fastest = t.speedup.idxmax()
     conf = float(table.confidence.iloc[0]) if "confidence" in table else 0.95
     text = (f"The fastest format per token is **{fastest}**, {t.loc[fastest, 'speedup']:.2f}x dense fp32 "
-            f"({conf:.2%} CI {t.loc[fastest, 'speedup_low']:.2f}-{t.loc[fastest, 'speedup_high']:.2f}), at "
-            f"{t.loc[fastest, 'bits_per_weight']:.1f} bits per weight; it reaches "
+            + (f"({conf:.2%} CI {t.loc[fastest, 'speedup_low']:.2f}-{t.loc[fastest, 'speedup_high']:.2f}), at "
+               if np.isfinite([t.loc[fastest, "speedup_low"], t.loc[fastest, "speedup_high"]]).all() else
+               f"(too few prompts in this one process for a CI at {conf:.2%}; the whole runs below decide), at ")
+            + f"{t.loc[fastest, 'bits_per_weight']:.1f} bits per weight; it reaches "
             f"{t.loc[fastest, 'fraction_of_roofline']:.0%} of its bandwidth roofline. ")
     lossy = t[~t.index.isin(list(exact))]
     if not lossy.empty:

@@ -42,6 +42,7 @@ from studylib.claims import (
 from studylib.workbook.fonts import FONT_FAMILY, font_face_css
 from studylib.workbook.page_check import NO_ALT  # nbconvert's placeholder for an image without a description
 from studylib.workbook.paths import atomic_write
+from studylib.workbook.tables import param_value
 
 FONT_STACK = (f'-apple-system, "Segoe UI", Helvetica, Arial, "Noto Sans CJK SC", "PingFang SC", '
               f'"Microsoft YaHei", "{FONT_FAMILY}", sans-serif')
@@ -323,21 +324,6 @@ def settings_line(data: Mapping[str, Any]) -> str:
             str(prov.get("date", ""))[:10]]
     return "<p class='settings'>Run: " + html.escape(" · ".join(b for b in bits if b and b != "None threads")) + \
         ". Full settings in the appendix at the end.</p>"
-
-
-def param_value(v: Any) -> str:
-    """A parameter as the command line takes it, not as JSON: ``smollm2-135m`` (no quotes), ``8, 16, 32`` for a
-    list, ``ch01: 6, ch02: 6`` for a mapping, ``none`` for null."""
-    if v is None:
-        return "none"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, Mapping):
-        return ", ".join(f"{k}: {param_value(x)}" for k, x in v.items()) or "(empty)"
-    if isinstance(v, list | tuple):
-        return ", ".join(f"[{param_value(x)}]" if isinstance(x, list | tuple | Mapping) else param_value(x)
-                         for x in v) or "(empty)"
-    return str(v)
 
 
 def appendix(data: Mapping[str, Any]) -> str:

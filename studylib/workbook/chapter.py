@@ -127,7 +127,10 @@ def provenance_rows(prov: Mapping[str, Any], moment: str = "started") -> list[tu
                          + (f"; kernels: {kernels}" if kernels else ""))]
     params = prov.get("params") or {}
     if params:
-        rows.append(("parameters", ", ".join(f"{k}={val}" for k, val in params.items())))
+        from studylib.workbook.tables import param_value
+
+        # as the command line takes them (arms=dense, bf16), never a Python list's repr
+        rows.append(("parameters", "; ".join(f"{k}={param_value(val)}" for k, val in params.items())))
     return rows
 
 

@@ -373,3 +373,18 @@ def frame_from_html(markup: str):
     if has_index and (index_name or index != [str(i) for i in range(len(index))]):
         df.insert(0, index_name or "index", [_parse_value(i) for i in index])
     return df
+
+
+def param_value(v: Any) -> str:
+    """A parameter as the command line takes it, not as JSON: ``smollm2-135m`` (no quotes), ``8, 16, 32`` for a
+    list, ``ch01: 6, ch02: 6`` for a mapping, ``none`` for null."""
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, Mapping):
+        return ", ".join(f"{k}: {param_value(x)}" for k, x in v.items()) or "(empty)"
+    if isinstance(v, list | tuple):
+        return ", ".join(f"[{param_value(x)}]" if isinstance(x, list | tuple | Mapping) else param_value(x)
+                         for x in v) or "(empty)"
+    return str(v)
