@@ -12,6 +12,7 @@ from typing import Any
 
 from studylib.claims import Verdict, check_one_decision, verdict_table, verdict_text
 from studylib.workbook.paths import atomic_write
+from studylib.workbook.tables import param_value
 
 
 def in_notebook() -> bool:
@@ -127,8 +128,6 @@ def provenance_rows(prov: Mapping[str, Any], moment: str = "started") -> list[tu
                          + (f"; kernels: {kernels}" if kernels else ""))]
     params = prov.get("params") or {}
     if params:
-        from studylib.workbook.tables import param_value
-
         # as the command line takes them (arms=dense, bf16), never a Python list's repr
         rows.append(("parameters", "; ".join(f"{k}={param_value(val)}" for k, val in params.items())))
     return rows
