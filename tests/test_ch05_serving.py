@@ -81,6 +81,10 @@ def test_saturation_runs_split_sequential_serves_every_request_once(tiny):
                                                     engine=ENGINE)
     seq = runs[runs["arm"] == "sequential"].sort_values("repeat")
     assert seq["requests"].tolist() == [3, 2, 2]  # request i in repeat i mod 3
+    # one at a time, the idle TTFT (queue taken out) is positive and below the queued median; batched arms have none
+    assert (seq["idle_ttft_p50_s"] > 0).all() and (seq["idle_ttft_p50_s"] <= seq["ttft_p50_s"]).all()
+    assert runs[runs["arm"] == "continuous+radix"]["idle_ttft_p50_s"].isna().all()
+    assert ch05.scaled_slo(runs, 3.0)["ttft_s"] == pytest.approx(3 * seq["idle_ttft_p50_s"].median(), abs=1e-4)
     assert (runs[runs["arm"] == "continuous+radix"]["requests"] == 7).all()
     assert set(outputs["sequential"]) == set(outputs["continuous+radix"]) == {i.id for i in items}
     # Batch-invariant kernels: one request at a time and all at once give the same greedy tokens.
@@ -95,16 +99,33 @@ def test_saturation_runs_split_sequential_serves_every_request_once(tiny):
     assert (eq["identical"] == eq["requests"]).all() and (eq["requests"] == 4).all()
 
 
-def _sat(seq_rps=1.0, seq_tpot=0.05):
+def _sat(seq_rps=1.0, seq_tpot=0.05, seq_ttft=0.2):
     return pd.DataFrame([{"arm": "sequential", "rate": math.inf, "repeat": k, "requests_per_s": seq_rps,
-                          "tpot_p50_s": seq_tpot, "throughput_tok_s": 10.0} for k in range(3)])
+                          "tpot_p50_s": seq_tpot, "idle_ttft_p50_s": seq_ttft, "throughput_tok_s": 10.0}
+                         for k in range(3)])
 
 
-def test_scaled_slo_keeps_mlperfs_ratio():
-    slo = ch05.scaled_slo(_sat(seq_tpot=0.04), tpot_factor=3.0)
-    assert slo["tpot_s"] == pytest.approx(0.12) and slo["ttft_s"] == pytest.approx(0.12 * 450 / 40, rel=1e-3)
+def test_scaled_slo_tolerates_one_slowdown_on_both_idle_latencies():
+    slo = ch05.scaled_slo(_sat(seq_tpot=0.04, seq_ttft=0.15), tpot_factor=3.0)
+    assert slo["tpot_s"] == pytest.approx(0.12) and slo["ttft_s"] == pytest.approx(0.45)
     with pytest.raises(StudylibError, match="sequential"):
         ch05.scaled_slo(_sat().assign(arm="static"), 3.0)
+    with pytest.raises(StudylibError, match="TTFT"):  # a run that recorded no idle TTFT cannot set the limit
+        ch05.scaled_slo(_sat().assign(idle_ttft_p50_s=math.nan), 3.0)
+
+
+def test_the_idle_ttft_takes_the_queue_out_of_one_at_a_time_serving():
+    from types import SimpleNamespace
+
+    def req(arrival, first, finished):
+        return SimpleNamespace(arrival_s=arrival, token_times=[first, finished], finished_s=finished)
+
+    # all queued at 0: service starts when the previous request finishes; a late arrival starts on arrival
+    reqs = [req(0.0, 0.3, 1.0), req(0.0, 1.2, 2.0), req(5.0, 5.1, 6.0), req(0.0, 2.4, 3.0)]
+    assert ch05.unqueued_ttfts(reqs) == pytest.approx([0.3, 0.2, 0.4, 0.1])
+    # their TTFTs from arrival (0.3, 1.2, 2.4, 0.1) carry the queue
+    assert ch05.unqueued_ttfts([req(0.0, 0.3, 1.0), SimpleNamespace(arrival_s=0.0, token_times=[],
+                                                                   finished_s=None)]) == pytest.approx([0.3])
 
 
 def test_capacity_is_bounded_against_sequentials_service_rate():

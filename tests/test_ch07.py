@@ -184,7 +184,7 @@ def latency_runs(values, n=5, spread=0.02):
     from studylib.bench.whole_runs import WholeRuns
 
     rng = np.random.default_rng(3)
-    return WholeRuns("t:f", {}, [{"metrics": {f"latency:w{i}": v * (1 + spread * rng.standard_normal())
+    return WholeRuns("studylib.experiments.ch07_runs:latency_run", {}, [{"metrics": {f"latency:w{i}": v * (1 + spread * rng.standard_normal())
                                               for i, v in enumerate(values)}} for _ in range(n)])
 
 
@@ -302,7 +302,7 @@ def growth_runs(growth=1.8, at_long=1.6, n=5, spread=0.01):
     from studylib.experiments import ch07_runs
 
     rng = np.random.default_rng(5)
-    return WholeRuns("t:f", {}, [{"metrics": {ch07_runs.GROWTH: growth * (1 + spread * rng.standard_normal()),
+    return WholeRuns("studylib.experiments.ch07_runs:latency_run", {}, [{"metrics": {ch07_runs.GROWTH: growth * (1 + spread * rng.standard_normal()),
                                               ch07_runs.GAIN_LONG: at_long * (1 + spread * rng.standard_normal())}}
                                  for _ in range(n)])
 
@@ -368,7 +368,7 @@ def batch_runs(ratio=0.7, n=5, spread=0.01, arm="continuous+radix+lookup:8,3"):
         m = {f"throughput:{a}": v for a, v in t.items()}
         m.update({f"gain:{arm}/continuous+radix": t[arm] / 40.0, **ch05_runs.lookup_interactions(m)})
         runs.append({"metrics": m})
-    return WholeRuns("t:f", {}, runs)
+    return WholeRuns("studylib.experiments.ch05_runs:timing_run", {}, runs)
 
 
 def test_chapter_7_shows_speculation_inside_the_batch_which_chapter_5_decides():

@@ -60,7 +60,7 @@ def _runs(speed, n=5):
             if a in speed and "gguf" in speed:
                 m[f"speedup_vs_gguf:{a}"] = m[f"speedup:{a}"] / speed["gguf"]
         out.append({"metrics": m})
-    return WholeRuns("synthetic:run", {}, out)
+    return WholeRuns("studylib.experiments.ch08_compression:timing_run", {}, out)
 
 
 def _by_metric(verdicts):
@@ -93,7 +93,7 @@ def test_c9_needs_speed_and_quality_per_format():
 def test_by_construction_arms_never_decide_c9():
     """Only the arms with the reference's own weights are fast and lossless: C9 must not hold on them."""
     arms = ["dense", "gguf", "q4_1", "q4_0", "kv_int8"]
-    sp = {"gguf": 3.0, "q4_1": 3.0, "q4_0": 3.0, "kv_int8": 0.9}
+    sp = {"gguf": 4.5, "q4_1": 4.5, "q4_0": 4.5, "kv_int8": 0.9}  # well clear of 2x under chapter 8's drift
     dec, speed = _speed(arms, sp, confidence=CONF)
     task = ch08.word_task_summary(_words(arms, keep={"q4_0": 0.7, "kv_int8": 0.99}), confidence=CONF)
     ids = {a: ch08.greedy_identity(dec, a) for a in ("gguf", "q4_1")}
@@ -110,7 +110,7 @@ def test_by_construction_arms_never_decide_c9():
 
 def test_a_lossy_arm_below_the_bar_does_not_hold_and_a_close_one_may():
     arms = ["dense", "q8_0", "awq4"]
-    sp = {"q8_0": 3.0, "awq4": 3.0}
+    sp = {"q8_0": 4.5, "awq4": 4.5}  # well clear of 2x under chapter 8's drift
     dec, speed = _speed(arms, sp, confidence=CONF)
     # awq4 keeps 97% of the reference's right words: the whole corrected CI lies below 0.99
     task = ch08.word_task_summary(_words(arms, n_docs=40, words=600, keep={"awq4": 0.97}), confidence=CONF)

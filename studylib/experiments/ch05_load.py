@@ -586,7 +586,7 @@ def capacity_vs_sequential(cap: Capacity, saturation: pd.DataFrame, baseline: st
 def explain_capacity(cap: Capacity, saturation: pd.DataFrame, slo: Mapping, tpot_factor: float) -> str:
     t = capacity_vs_sequential(cap, saturation).iloc[0]
     head = (f"SLO: p99 TPOT <= {slo['tpot_s'] * 1e3:.0f} ms ({tpot_factor:g}x this machine's single-request TPOT) "
-            f"and p99 TTFT <= {slo['ttft_s']:.2f} s (MLPerf's interactive TTFT:TPOT ratio of 450:40). ")
+            f"and p99 TTFT <= {slo['ttft_s']:.2f} s ({tpot_factor:g}x its single-request TTFT, the queue taken out). ")
     if cap.capacity is None:
         return head + _capacity_bound(cap, t.sequential_service_rate_req_s)
     bound = "at least " if cap.censored else ""

@@ -139,7 +139,7 @@ EXERCISES: dict[int, tuple[Exercise, ...]] = {
         Exercise("Smaller prefill chunks", "Do 32-token chunks stop long prompts stalling running decodes?",
                  "ITL and TPOT p99 against TTFT: the running decodes' p99 ITL and TPOT fall, and the long prompts' "
                  "TTFT rises.", steps=((5, {"chunk_size": 32}),)),
-        Exercise("A tighter SLO", "Halve the TPOT limit: how much capacity is left?",
+        Exercise("A tighter SLO", "Halve both latency limits (TPOT and TTFT): how much capacity is left?",
                  "the highest rate each arm sustains: lower, or the search saying what bounds it.",
                  steps=((5, {"slo_tpot_factor": 1.5}),)),
         Exercise("Bursty arrivals", "The same mean rate, in bursts: what happens to p99 TTFT?",
