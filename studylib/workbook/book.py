@@ -662,11 +662,11 @@ def write_print_page(out: Path, chapters: Sequence[tuple[int, str]]) -> Path:
         body = re.sub(r"<nav class='book[^']*'>.*?</nav>", "", body, flags=re.S)
         parts.append(f"<section class='chapter' id='ch{c:02d}'>{print_edition(body, c)}</section>")
     style = ("section.chapter { break-before: page; } details.appendix { display: none; } "
-             "@page { size: A4; margin: 11mm 12mm; } "
+             "@page { size: A4; margin: 10mm 12mm; } "
              # the front matter's every-verdict table prints in its compact form (no conditions column)
              "section.front details.all { display: none; } section.front .print-only { display: block; } "
              "@media print { body { font-size: 8.6pt; line-height: 1.24; } "
-             "img { max-width: 50% !important; display: block; margin: 0.3em auto; break-inside: avoid; } "
+             "img { max-width: 46% !important; display: block; margin: 0.3em auto; break-inside: avoid; } "
              "section.front img { max-width: 100% !important; } "
              "h1 { font-size: 17pt; } h2 { font-size: 13pt; } h3 { font-size: 11pt; } "
              "p.print-note { color: #555; font-size: 8pt; margin: 0.2em 0; } "
