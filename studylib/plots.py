@@ -8,6 +8,7 @@ from typing import Any
 import matplotlib as mpl
 import matplotlib.pyplot as plt
 import seaborn as sns
+from matplotlib.artist import Artist
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 # A method keeps its colour in every chapter, so a reader can follow "speculative" across figures.
@@ -57,8 +58,8 @@ def setup(context: str = "notebook") -> None:
     install()  # every DataFrame a chapter displays goes through one formatting layer
     # Every figure made from here on is checked after each draw (overlapping labels, look-alike legend
     # entries); the chapter runner publishes the log beside the chapter's JSON.
-    hook = f"{figure_check.__name__}:watch"
-    mpl.rcParams["figure.hooks"] = [*(h for h in mpl.rcParams["figure.hooks"] if h != hook), hook]
+    hooks = [f"{__name__}:fit_titles_on_draw", f"{figure_check.__name__}:watch"]
+    mpl.rcParams["figure.hooks"] = [*(h for h in mpl.rcParams["figure.hooks"] if h not in hooks), *hooks]
     figure_check.start_log()
     try:
         from IPython import get_ipython
@@ -399,25 +400,51 @@ def _axes_of(obj: Any) -> list[plt.Axes]:
     return list(fig.axes) if isinstance(fig, Figure) else []
 
 
-def fit_titles(axes: Sequence[plt.Axes]) -> None:
-    """Wrap a panel title wider than its panel onto more lines, so it runs into no neighbour's title or
-    colour bar."""
+def _wrap_titles(axes: Iterable[plt.Axes], renderer: Any) -> None:
     import textwrap
 
+    for ax in axes:
+        room = ax.get_window_extent(renderer).width
+        for title in (ax.title, getattr(ax, "_left_title", None), getattr(ax, "_right_title", None)):
+            text = " ".join(title.get_text().split()) if title is not None else ""
+            if not text or room <= 0:
+                continue
+            chars = len(text)
+            # A title wider than its panel reaches over the panel's top tick label (or a neighbour's title):
+            # narrow it line by line until it fits. Word wrapping is the only change; the words stay.
+            while title.get_window_extent(renderer).width > room and chars > 12:
+                chars = max(12, min(chars - 2, int(chars * room / title.get_window_extent(renderer).width) - 1))
+                title.set_text("\n".join(textwrap.wrap(text, chars)))
+
+
+def fit_titles(axes: Sequence[plt.Axes]) -> None:
+    """Wrap a panel title wider than its panel onto more lines, so it runs into no neighbour's title, colour
+    bar or the panel's own top tick label."""
     if not axes:
         return
     fig = axes[0].figure
     fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
-    for ax in axes:
-        for title in (ax.title, getattr(ax, "_left_title", None), getattr(ax, "_right_title", None)):
-            text = " ".join(title.get_text().split()) if title is not None else ""
-            if not text:
-                continue
-            width, room = title.get_window_extent(renderer).width, ax.get_window_extent(renderer).width
-            if width > room > 0:
-                chars = max(12, int(len(text) * room / width) - 2)
-                title.set_text("\n".join(textwrap.wrap(text, chars)))
+    _wrap_titles(axes, fig.canvas.get_renderer())
+
+
+class _TitleFitter(Artist):
+    """Drawn first on every figure (lowest zorder, left out of the layout): wraps each panel title that the
+    panel's final size cannot hold, so a chapter's figure never depends on which tick happens to sit at the
+    top of its y axis (a title wider than its panel collides with it only when one does)."""
+
+    zorder = -1e9
+
+    def draw(self, renderer: Any) -> None:
+        fig = self.get_figure(root=True) if hasattr(self, "get_figure") else self.figure
+        if fig is not None:
+            _wrap_titles([a for a in fig.axes if a.get_visible()], renderer)
+
+
+def fit_titles_on_draw(fig: Any) -> None:
+    """matplotlib ``figure.hooks`` entry: every draw of ``fig`` first wraps the titles its panels cannot hold."""
+    fitter = _TitleFitter()
+    fitter.set_in_layout(False)
+    fig.add_artist(fitter)
 
 
 def tidy(obj: Any) -> Any:
