@@ -129,12 +129,16 @@ def test_the_idle_ttft_takes_the_queue_out_of_one_at_a_time_serving():
 
 
 def test_capacity_is_bounded_against_sequentials_service_rate():
-    probes = pd.DataFrame([{"arm": "continuous+radix", "probe": 0, "rate": 4.0, "met": True, "requests": 200,
-                            "throughput_tok_s": 80.0}])
+    probes = pd.DataFrame([{"arm": "continuous+radix", "probe": k, "rate": r, "met": r < 5, "requests": 200,
+                            "completed": 200, "ttft_p99_s": 0.5, "tpot_p99_s": tp, "throughput_tok_s": 80.0,
+                            "requests_per_s": rps} for k, (r, tp, rps) in enumerate([(4.0, 0.05, 3.6), (6.0, 0.2, 5.0)])])
     cap = load.Capacity("continuous+radix", 4.0, (4.0, 6.0), probes, {"ttft_s": 1.0, "tpot_s": 0.1})
     t = load.capacity_vs_sequential(cap, _sat(seq_rps=0.5)).iloc[0]
     assert t.capacity_gain_at_least == pytest.approx(8.0) and t.sequential_service_rate_req_s == 0.5
-    assert "at least 8.0x" in load.explain_capacity(cap, _sat(seq_rps=0.5), {"ttft_s": 1.0, "tpot_s": 0.1}, 3.0)
+    text = load.explain_capacity(cap, _sat(seq_rps=0.5), {"ttft_s": 1.0, "tpot_s": 0.1}, 3.0)
+    assert "at least 8.00x" in text and "completed 3.60 requests/s" in text and "7.20x counted on completed" in text
+    # the rate that failed missed TPOT; TTFT was met there, so the text names TPOT as the binding limit
+    assert "At 6.00 requests/s it missed the TPOT limit; the TTFT limit still held there." in text
 
 
 def test_a_capacity_below_every_probe_says_what_bounds_it():

@@ -110,8 +110,8 @@ def df_between(metric: str, chapter: int | None = None) -> int:
 def estimate_from_ledger(lines: Iterable[Mapping[str, Any]], as_of: str = AS_OF) -> dict[tuple, dict[str, float]]:
     """The drift between cold runs of one chapter's code, per (chapter, kind), from the ledger lines written
     up to ``as_of``. Returns {(chapter, kind): {"sd", "df", "row"}}: the pooled sd and df, or, where a row
-with ``MIN_ROW_DF`` or more same-code pairs drifts more, that row's own sd and df ("row" names it; None when
-the pool stands).
+    with ``MIN_ROW_DF`` or more same-code pairs drifts more, that row's own sd and df ("row" names it; None when
+    the pool stands).
 
     A run is a ledger line, every one of them: a chapter run twice at one commit is two draws of the machine
     (the pairs of cold runs are exactly that), and a disturbed attempt left in can only widen. Lines are

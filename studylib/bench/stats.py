@@ -361,7 +361,9 @@ def run_estimate(run_values: Sequence[float], confidence: float = 0.95, session_
     # against a within-session error of 0.008). Left out, a bound 0.12 above the bar "held" in one session
     # and was within its error in the next.
     log_err = math.sqrt(s**2 / x.size + session_sd**2 + (dh * s) ** 2 / (2 * (x.size - 1)))
-    method += f"; a bound's run-to-run error {log_err:.2g} (log) counts as its Monte Carlo error"
+    err = float(np.exp(m + half)) * log_err
+    method += (f"; a bound's run-to-run error {log_err:.2g} (log), taken to the upper bound's scale "
+               f"({err:.2g}), counts as each bound's Monte Carlo error")
     # The error is taken to the upper bound's scale and guards both bounds. For a lower bound that must
     # clear a bar that is the wider guard (its own scale, exp(m - half) * log_err, is smaller), so a row
     # near its bar reads inconclusive sooner, never later. Guarding each bound on its own scale was tried:
@@ -369,7 +371,7 @@ def run_estimate(run_values: Sequence[float], confidence: float = 0.95, session_
     # in both the half-width and the error on purpose: the first says where the quantity is, the second how
     # far this bound moves in the next session; they answer different questions.
     return Estimate(float(np.exp(m)), float(np.exp(m - half)), float(np.exp(m + half)), int(x.size), x.tolist(),
-                    confidence, method, float(np.exp(m + half)) * log_err)
+                    confidence, method, err)
 
 
 def rotated(items: Sequence, k: int) -> list:

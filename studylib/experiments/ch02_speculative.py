@@ -490,8 +490,9 @@ def explain_runs(runs, headline: str) -> str:
             cells = "; ".join(f"{w} {e.value:.2f}x [{e.ci_low:.2f}, {e.ci_high:.2f}]" for w, e in est.items())
             parts.append(f"at T = {temp:g}: {cells}")
     return (f"Over {len(runs.runs)} whole runs (fresh processes, the engine and the head reloaded), {headline} runs "
-            f"{'; '.join(parts)} of AR's speed (95% CIs, t on the log of the run medians). The verdict judges these; "
-            "the tables above give one run's CIs over prompts, which cannot see how runs differ.")
+            f"{'; '.join(parts)} of AR's speed (95% CIs, t on the log of the run medians). The verdict judges the same runs at "
+            "its corrected level with the declared drift between cold runs, so its CIs (in the verdict table) are "
+            "wider; the tables above give one run's CIs over prompts, which cannot see how runs differ.")
 
 
 def speedup_figure(summary: pd.DataFrame, by: str = "workload", title: str = "Speedup over our AR decoder"):

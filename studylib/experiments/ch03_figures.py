@@ -75,8 +75,9 @@ def explain_runs(speed_runs: dict, headline: str) -> str:
     cells = "; ".join(f"{w} {e.value:.2f}x [{e.ci_low:.2f}, {e.ci_high:.2f}] (runs {min(e.samples):.2f}-{max(e.samples):.2f})"
                       for w, e in speed_runs.items())
     return (f"Over {n} whole runs (fresh processes, the engine reloaded each time), {_label(headline)} runs at: "
-            f"{cells}, as 95% CIs (t on the log of the run medians). The verdict judges these; the table above "
-            "gives one run's CIs over prompts, which cannot see how runs differ.")
+            f"{cells}, as 95% CIs (t on the log of the run medians). The verdict judges the same runs at its "
+            "corrected level with the declared drift between cold runs, so its CIs (in the verdict table) are wider; "
+            "the table above gives one run's CIs over prompts, which cannot see how runs differ.")
 
 
 def plot_sweep(sweep: pd.DataFrame, value: str = "speedup") -> plt.Figure:

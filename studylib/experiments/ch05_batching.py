@@ -208,21 +208,23 @@ def saturation_runs(model, tokenizer, items: Sequence[WorkloadItem], arms: Seque
     return pd.DataFrame(rows), timelines, outputs
 
 
+def _saturation_median(runs: pd.DataFrame, arm: str, column: str, what: str) -> float:
+    """Median of ``column`` over ``arm``'s saturation runs (rate = inf); a missing arm or column names ``what``."""
+    sat = runs[np.isinf(runs["rate"]) & (runs["arm"] == arm)]
+    if not len(sat) or column not in sat or sat[column].isna().all():
+        raise StudylibError(f"no saturation run of {arm!r} to measure {what} from.")
+    return float(sat[column].median())
+
+
 def single_request_tpot(runs: pd.DataFrame, arm: str = "sequential") -> float:
     """Median TPOT of one-at-a-time serving at saturation: the machine's single-request decode speed."""
-    sat = runs[np.isinf(runs["rate"]) & (runs["arm"] == arm)]
-    if not len(sat):
-        raise StudylibError(f"no saturation run of {arm!r} to measure single-request TPOT from.")
-    return float(sat["tpot_p50_s"].median())
+    return _saturation_median(runs, arm, "tpot_p50_s", "single-request TPOT")
 
 
 def single_request_ttft(runs: pd.DataFrame, arm: str = "sequential") -> float:
     """Median TTFT of one-at-a-time serving at saturation with the queue taken out (``unqueued_ttfts``): the
     machine's single-request prefill, no prefix cache."""
-    sat = runs[np.isinf(runs["rate"]) & (runs["arm"] == arm)]
-    if not len(sat) or "idle_ttft_p50_s" not in sat or sat["idle_ttft_p50_s"].isna().all():
-        raise StudylibError(f"no saturation run of {arm!r} to measure single-request TTFT from.")
-    return float(sat["idle_ttft_p50_s"].median())
+    return _saturation_median(runs, arm, "idle_ttft_p50_s", "single-request TTFT")
 
 
 def scaled_slo(runs: pd.DataFrame, tpot_factor: float) -> dict:
@@ -241,10 +243,7 @@ def scaled_slo(runs: pd.DataFrame, tpot_factor: float) -> dict:
 
 def request_rate(runs: pd.DataFrame, arm: str) -> float:
     """Median completed requests per second of ``arm`` at saturation: its service rate."""
-    sat = runs[np.isinf(runs["rate"]) & (runs["arm"] == arm)]
-    if not len(sat):
-        raise StudylibError(f"no saturation run of {arm!r}.")
-    return float(sat["requests_per_s"].median())
+    return _saturation_median(runs, arm, "requests_per_s", "its service rate")
 
 
 def relative_rates(saturation: pd.DataFrame, multiples: Iterable[float], base_arm: str = "sequential") -> list[float]:

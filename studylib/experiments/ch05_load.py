@@ -590,10 +590,29 @@ def explain_capacity(cap: Capacity, saturation: pd.DataFrame, slo: Mapping, tpot
     if cap.capacity is None:
         return head + _capacity_bound(cap, t.sequential_service_rate_req_s)
     bound = "at least " if cap.censored else ""
-    return head + (f"{cap.arm} sustains {bound}{cap.capacity:.2f} requests/s inside it "
-                   f"({len(cap.probes)} probes of {int(cap.probes['requests'].iloc[0])} requests); sequential "
-                   f"serving completes at most {t.sequential_service_rate_req_s:.2f} requests/s, so the capacity "
-                   f"gain is at least {t.capacity_gain_at_least:.1f}x.")
+    met = cap.probes.loc[(cap.probes["rate"] - cap.capacity).abs().idxmin()]
+    achieved = float(met["requests_per_s"])
+    return head + (f"{cap.arm} sustains {bound}{cap.capacity:.2f} requests/s offered inside it "
+                   f"({len(cap.probes)} probes of {int(cap.probes['requests'].iloc[0])} requests; that probe "
+                   f"completed {achieved:.2f} requests/s, less than offered because a finite trace starts empty "
+                   f"and drains at its end). Sequential serving completes at most "
+                   f"{t.sequential_service_rate_req_s:.2f} requests/s, so no offered rate above that meets any SLO "
+                   f"for it, and the capacity gain is at least {t.capacity_gain_at_least:.2f}x "
+                   f"({achieved / t.sequential_service_rate_req_s:.2f}x counted on completed requests). "
+                   f"{_binding(cap)} One search: no interval.")
+
+
+def _binding(cap: Capacity) -> str:
+    """Which limit stopped the search (the first rate missed above the capacity), and how close the other came."""
+    if cap.bracket[1] is None:
+        return "No probed rate missed the SLO, so neither limit bound."
+    row = {k: None if not isinstance(v, str) and pd.isna(v) else v
+           for k, v in cap.probes.loc[(cap.probes["rate"] - cap.bracket[1]).abs().idxmin()].items()}
+    names = {"completed": "completion", "ttft_s": "the TTFT limit", "tpot_s": "the TPOT limit"}
+    missed = _missed(row, cap.slo)
+    kept = [names[k] for k in ("ttft_s", "tpot_s") if k in cap.slo and k not in missed]
+    return (f"At {cap.bracket[1]:.2f} requests/s it missed {' and '.join(names[k] for k in missed)}"
+            + (f"; {' and '.join(kept)} still held there." if kept else "."))
 
 
 def _capacity_bound(cap: Capacity, service_rate: float) -> str:

@@ -330,7 +330,8 @@ def aim_table(speed: dict, summary: pd.DataFrame, patterns: Sequence[str], n_tok
         rows.append({"aim": f"{quest_pattern}: the needle found wherever dense finds it",
                      "measured": f"{int(m.found.sum())} of {trials}" + ("" if enough else
                                                                         f" (illustration, n = {trials} trials)"),
-                     "met": bool(trials and m.found.all()) if enough else None})
+                     "met": bool(trials and m.found.all()) if enough else
+                     f"not judged: {trials} trials, fewer than {MIN_UNITS['documents']}"})
     return pd.DataFrame(rows)
 
 

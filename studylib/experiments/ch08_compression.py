@@ -160,7 +160,8 @@ AWQ_NOT_COMPARABLE = ("AWQ scales each input channel (the inverse scales sit in 
 
 
 def footprint(models: Mapping[str, object]) -> pd.DataFrame:
-    """Weight bytes one decode step reads, per arm, and bits per weight."""
+    """Weight bytes one decode step reads, per arm, and bits per weight averaged over those bytes (every matrix
+    a step reads, so a format that keeps the head at 8 bits averages above its blocks' own bits)."""
     from studylib.models.weights import weight_bytes
 
     rows = []
@@ -697,7 +698,8 @@ def frontier_text(table: pd.DataFrame, exact: Sequence[str] = ()) -> str:
             + (f"({conf:.2%} CI {t.loc[fastest, 'speedup_low']:.2f}-{t.loc[fastest, 'speedup_high']:.2f}), at "
                if np.isfinite([t.loc[fastest, "speedup_low"], t.loc[fastest, "speedup_high"]]).all() else
                f"(too few prompts in this one process for a CI at {conf:.2%}; the whole runs below decide), at ")
-            + f"{t.loc[fastest, 'bits_per_weight']:.1f} bits per weight; it reaches "
+            + f"{t.loc[fastest, 'bits_per_weight']:.1f} bits per weight over every matrix a step reads (the tied "
+            "embedding and head included, which stay Q8_0 at 8.5 bits; a Q4_1 block alone is 5); it reaches "
             f"{t.loc[fastest, 'fraction_of_roofline']:.0%} of its bandwidth roofline. ")
     lossy = t[~t.index.isin(list(exact))]
     if not lossy.empty:
@@ -746,8 +748,8 @@ def scope_text(fp: pd.DataFrame, model: str = "smollm2-135m") -> str:
         text += (f"{_names(exact)} {'holds' if one else 'hold'} exactly the reference's values (relative weight "
                  f"error 0 in the table above) and {'computes' if one else 'compute'} like it, so "
                  f"{'it is' if one else 'they are'} the reference read from fewer bytes "
-                 f"({', '.join(f'`{a}` {bits[a]:.1f}' for a in exact)} bits per weight against its "
-                 f"{bits[BASELINE]:.0f}): {'its' if one else 'their'} quality equals the reference's by "
+                 f"({', '.join(f'`{a}` {bits[a]:.1f}' for a in exact)} bits per weight over a step's matrices, the 8.5-bit "
+                 f"head included, against its {bits[BASELINE]:.0f}): {'its' if one else 'their'} quality equals the reference's by "
                  "construction, and the rows are shown, never counted. What is measured instead: the speed of "
                  "keeping the native format rather than widening it, and the speed and the loss of compressing "
                  "further or changing the arithmetic")
