@@ -515,9 +515,14 @@ static void amx_groups(int fmt, const xq_t *x, int M, int nb, const uint8_t *con
 #endif
 
 /* The fewest rows a step must have for the AMX build to use its tiles (fewer: AVX512-VNNI). Tests and
- * benchmarks set it (1 forces the tiles at every row count); it changes no bit, only which units work. */
+ * benchmarks set it (1 forces the tiles at every row count); it changes no bit, only which units work.
+ * Why 32 (2-core Xeon, 2 threads): on an 8192-wide Q4_1 weight the tiles win from 16 rows (16 rows 5.6 ms
+ * against the previous kernel's 9.0, 64 rows 19.8 against 25.2: benchmarks/int8_kernel_bytes.py), but on the
+ * study's 135M model (576-wide layers, 18 blocks a row) the per-call cost of tiling x and configuring the
+ * tiles is not repaid: its fused step took 12.9 ms against VNNI's 11.5 at 8 rows and 19.8 against 17.7 at 16,
+ * and tied from 32 (31.8 / 32.0, 64.9 / 64.5; `studylib bench steps --weights gguf --act int8`). */
 #ifndef I8_AMX_MIN_ROWS
-#define I8_AMX_MIN_ROWS 8
+#define I8_AMX_MIN_ROWS 32
 #endif
 static int amx_min_rows = I8_AMX_MIN_ROWS;
 int i8_set_amx_min_rows(int rows) {
