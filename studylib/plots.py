@@ -409,12 +409,13 @@ def _wrap_titles(axes: Iterable[plt.Axes], renderer: Any) -> None:
             text = " ".join(title.get_text().split()) if title is not None else ""
             if not text or room <= 0:
                 continue
-            chars = len(text)
+            chars, width = len(text), title.get_window_extent(renderer).width
             # A title wider than its panel reaches over the panel's top tick label (or a neighbour's title):
             # narrow it line by line until it fits. Word wrapping is the only change; the words stay.
-            while title.get_window_extent(renderer).width > room and chars > 12:
-                chars = max(12, min(chars - 2, int(chars * room / title.get_window_extent(renderer).width) - 1))
+            while width > room and chars > 12:
+                chars = max(12, min(chars - 2, int(chars * room / width) - 1))
                 title.set_text("\n".join(textwrap.wrap(text, chars)))
+                width = title.get_window_extent(renderer).width
 
 
 def fit_titles(axes: Sequence[plt.Axes]) -> None:
@@ -435,9 +436,8 @@ class _TitleFitter(Artist):
     zorder = -1e9
 
     def draw(self, renderer: Any) -> None:
-        fig = self.get_figure(root=True) if hasattr(self, "get_figure") else self.figure
-        if fig is not None:
-            _wrap_titles([a for a in fig.axes if a.get_visible()], renderer)
+        if self.figure is not None:  # the figure fit_titles_on_draw added it to
+            _wrap_titles([a for a in self.figure.axes if a.get_visible()], renderer)
 
 
 def fit_titles_on_draw(fig: Any) -> None:

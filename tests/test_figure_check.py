@@ -133,11 +133,9 @@ def test_scatter_markers_of_one_colour_are_told_apart():
 
 
 def test_titles_set_edge_to_edge_collide_and_tidy_wraps_them():
-    import matplotlib as mpl
-
     from studylib import plots
 
-    with mpl.rc_context({"figure.hooks": []}):  # without the chapters' draw hook, which would wrap them too
+    with matplotlib.rc_context({"figure.hooks": []}):  # without the chapters' draw hook, which would wrap them too
         fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3))
     a.set_title("LRU (solid) vs Belady (dashed), hits per pool size", loc="right")
     b.set_title("LRU's share of the clairvoyant reference, per workload", loc="left")
@@ -185,8 +183,6 @@ def test_a_title_wider_than_its_panel_hits_the_top_tick_label_unless_the_draw_ho
     a tick at the very top. The figure hook every chapter installs wraps such a title before each draw."""
     import io
 
-    import matplotlib as mpl
-
     def draw() -> tuple[list[str], Any]:
         fig, ax = plt.subplots(figsize=(7.0, 3.6))
         ax.plot([1, 2, 3, 4], [1.0, 1.05, 1.1, 1.15])
@@ -195,10 +191,10 @@ def test_a_title_wider_than_its_panel_hits_the_top_tick_label_unless_the_draw_ho
         fig.savefig(io.BytesIO(), format="png")
         return figure_defects(fig), ax
 
-    with mpl.rc_context({"figure.hooks": []}):
+    with matplotlib.rc_context({"figure.hooks": []}):
         defects, _ = draw()
     assert any("'1.15'" in d and "overlap" in d for d in defects)
-    with mpl.rc_context({"figure.hooks": ["studylib.plots:fit_titles_on_draw"]}):
+    with matplotlib.rc_context({"figure.hooks": ["studylib.plots:fit_titles_on_draw"]}):
         defects, ax = draw()
     assert defects == []
     assert "\n" in ax.get_title() and " ".join(ax.get_title().split()).startswith("Speedup vs gamma")
