@@ -8,7 +8,7 @@ same flags and times it interleaved with the shipped one, call by call in altern
 it computes the same bits (every path must: the integer sums are exact and the combine is element-wise).
 
     python benchmarks/int8_kernel_bytes.py [--n 16384] [--k 8192] [--fmt q4_1] [--rows 1,2,8,16]
-        [--calls 12] [--candidate /tmp/csrc/int8_linear.c] [--paths avx2,...]
+        [--calls 12] [--candidate /tmp/csrc/int8_linear.c] [--paths avx2,...] [--amx-min-rows 1]
 """
 
 from __future__ import annotations
@@ -47,9 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--paths", default="", help="int8 paths, comma-separated (default: every one this CPU has but scalar)")
     p.add_argument("--candidate", default=None, help="another int8_linear.c to time beside the shipped one")
+    p.add_argument("--amx-min-rows", type=int, default=None,
+                   help="the fewest rows for the amx builds' tiles (1: tiles at every row count; default: the build's)")
     args = p.parse_args(argv)
-    if args.k % 32 or args.n < 1 or args.calls < 3:
-        print("int8_kernel_bytes: --k must be a multiple of 32, --n >= 1 and --calls >= 3", file=sys.stderr)
+    if args.k % 32 or args.n < 1 or args.calls < 3 or (args.amx_min_rows is not None and args.amx_min_rows < 1):
+        print("int8_kernel_bytes: --k must be a multiple of 32, --n >= 1, --calls >= 3 and --amx-min-rows >= 1",
+              file=sys.stderr)
         return 2
     if args.candidate and not Path(args.candidate).is_file():
         print(f"int8_kernel_bytes: no file {args.candidate}; give a copy of studylib/models/csrc/int8_linear.c",
@@ -72,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         arms = {"shipped": build(shipped, path)}
         if args.candidate:
             arms["candidate"] = build(Path(args.candidate), path)
+        for so in arms.values():  # a build without the switch (an older candidate) keeps its own rule
+            if args.amx_min_rows is not None and path == "amx" and hasattr(so, "i8_set_amx_min_rows"):
+                so.i8_set_amx_min_rows(args.amx_min_rows)
         for m in (int(r) for r in args.rows.split(",")):
             x = torch.randn(m, args.k)
             times: dict[str, list[float]] = {a: [] for a in arms}
@@ -89,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             cells = []
             for a, v in times.items():
                 med = statistics.median(v[2:])  # the first two calls warm the caches and the thread pool
-                cells.append(f"{a} {med * 1e3:.2f} ms = {wp.numel() / med / 1e9:.1f} GB/s, "
+                cells.append(f"{a} {med * 1e3:.3f} ms = {wp.numel() / med / 1e9:.1f} GB/s, "
                              f"{m * args.n * args.k / med / 1e9:.0f} G multiply-adds/s")
             same = "" if len(outs) < 2 else f"; same bits: {torch.equal(outs['shipped'], outs['candidate'])}"
             print(f"{path:>10} {m:>3} rows: " + " | ".join(cells) + same)

@@ -193,3 +193,82 @@ def test_apply_act_switches_every_block_linear_and_back():
     assert model.act == "int8" and model.lm_head.weight.act == "int8"
     apply_act(model, "fp32")
     assert model.act == "fp32" and ar.generate(model, list(b"abcabc"), 12).token_ids == fp
+
+
+@pytest.fixture
+def amx_everywhere():
+    """The amx build with its tiles forced at every row count (``amx_min_rows(1)``), restored afterwards."""
+    if "amx" not in PATHS:
+        pytest.skip("this CPU has no AMX-INT8")
+    old = I.amx_min_rows(1)
+    yield
+    I.amx_min_rows(old)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("m,k,n", [(1, 32, 16), (2, 96, 17), (4, 64, 48), (8, 160, 33), (16, 256, 64),
+                                   (17, 128, 16), (33, 96, 80), (48, 576, 40), (70, 160, 50)])
+def test_amx_tiles_at_any_row_count_equal_the_reference_and_vnni(amx_everywhere, fmt, m, k, n):
+    """The 2 x 2 tile micro-kernel: one or two row tiles (a partial one padded), one or two weight groups (an
+    odd group count leaves one alone), any block count: the same bits as the reference and the VNNI code."""
+    w = _random_blocks(n, k, fmt, seed=m + n)
+    x = _awkward_x(m, k)
+    bias = torch.randn(n) if n % 2 else None
+    got = I.linear(x, w, bias, isa="amx")
+    assert torch.equal(got, I.reference(x, w, bias))
+    assert torch.equal(got, I.linear(x, w, bias, isa="avx512vnni"))
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_every_small_step_on_amx_tiles_equals_the_reference(amx_everywhere, fmt):
+    """Steps of 1-16 rows take the one-row-tile kernel (tiles configured to the step's rows, accumulators in
+    registers, two groups a pass up to 8 rows): every row count, an odd group count and a partial last group
+    (with a bias, so the masked store is seen), and one and two blocks (its pipeline's shortest cases)."""
+    for k in (32, 64, 224):
+        w = _random_blocks(40, k, fmt, seed=k)
+        bias = torch.randn(40)
+        for m in range(1, 17):
+            x = _awkward_x(m, k, seed=m)
+            got = I.linear(x, w, bias, isa="amx")
+            assert torch.equal(got, I.reference(x, w, bias)), (k, m)
+
+
+def test_the_amx_rule_keeps_small_weights_and_few_rows_on_vnni():
+    """The default rule (16 rows, 2 Mi weights) gives the same bits whichever side of it a call falls on."""
+    if "amx" not in PATHS:
+        pytest.skip("this CPU has no AMX-INT8")
+    assert I.amx_min_rows() == 16 and I.AMX_MIN_WEIGHTS == 1 << 21
+    w = _random_blocks(2048, 1024, "q4_1", seed=5)  # exactly 2 Mi weights: tiles from 16 rows
+    for m in (15, 16, 17):
+        x = _awkward_x(m, 1024, seed=m)
+        assert torch.equal(I.linear(x, w, isa="amx"), I.reference(x, w))
+
+
+def test_the_amx_row_threshold_is_checked_and_restored(amx_everywhere):
+    assert I.amx_min_rows() == 1
+    with pytest.raises(StudylibError, match="row count >= 1"):
+        I.amx_min_rows(0)
+    old = I.amx_min_rows(64)
+    assert old == 1 and I.amx_min_rows() == 64
+    I.amx_min_rows(1)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_a_row_has_the_same_bits_in_any_amx_batch(amx_everywhere, fmt):
+    w = _random_blocks(48, 256, fmt, seed=3)
+    x = _awkward_x(40, 256, seed=4)
+    full = I.linear(x, w, isa="amx")
+    for i in (0, 15, 16, 31, 39):
+        assert torch.equal(I.linear(x[i:i + 1], w, isa="amx"), full[i:i + 1])
+    assert torch.equal(I.linear(x[14:31], w, isa="amx"), full[14:31])
+
+
+def test_provenance_names_the_amx_rule(monkeypatch):
+    monkeypatch.setenv("STUDYLIB_INT8_ISA", "scalar")
+    assert I.amx_rule() == "not used (path scalar)"
+    if "amx" in PATHS:
+        monkeypatch.setenv("STUDYLIB_INT8_ISA", "amx")
+        assert I.amx_rule() == f"tiles from {I.amx_min_rows()} rows on weights of {1 << 21} entries or more"
+        old = I.amx_min_rows(1)
+        assert I.amx_rule() == "tiles at every shape"
+        I.amx_min_rows(old)

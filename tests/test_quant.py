@@ -328,3 +328,33 @@ def test_a_self_speculative_draft_skips_its_layers_on_the_fused_path(monkeypatch
         cache = DenseKVCache(model.config, 1, 64)
         x = model.model.embed_tokens(ids)
         decode_layers.run(model, x, x, x, cache.begin(ids.shape[1]), (0,), {}, skip_layers=(1,))
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(6, 2), (8, 2), (9, 1), (4, 4)])
+@pytest.mark.parametrize("act", ["fp32", "int8"])
+def test_grouped_head_attention_keeps_every_row_bits_of_its_solo_decode(heads, kv_heads, act):
+    """decode_layers.c attends to a KV head with up to four of its query heads at once (64-wide heads keep their
+    accumulators in registers), and a one-row step goes head by head. Rows of
+    a masked multi-row step must still carry the bits of the same tokens decoded alone, for 3 and 4 heads a KV
+    head (one chunk), 9 (chunks of 4, 4 and 1) and 1, with the keys a row sees not a multiple of the lanes."""
+    from dataclasses import replace
+
+    from studylib.models import _random_model
+    from studylib.models.presets import tiny_config
+    from studylib.models.weights import apply_act
+
+    cfg = replace(tiny_config(), hidden_size=heads * 64, num_heads=heads, num_kv_heads=kv_heads, head_dim=64,
+                  name=f"tiny-random-gqa{heads}x{kv_heads}")
+    model = apply_act(apply_weights(_random_model(cfg, torch.device("cpu"), torch.float32, 7), "q4_1"), act)
+    prefix = torch.tensor([list(range(5, 42))])
+    n = prefix.shape[1]
+    branch = [50, 60, 70, 80, 90]
+    cache = DenseKVCache(model.config, 1, 64)
+    model(prefix, cache.begin(n))
+    step = model(torch.tensor([branch]), cache.begin(len(branch), tree_mask=torch.eye(len(branch), dtype=torch.bool),
+                                                     positions=torch.tensor([[n] * len(branch)]))).logits
+    for j, t in enumerate(branch):
+        solo = DenseKVCache(model.config, 1, 64)
+        model(prefix, solo.begin(n))
+        assert decode_layers.path(model, solo, 1) == "fused"
+        assert torch.equal(step[:, j], model(torch.tensor([[t]]), solo.begin(1)).logits[:, 0]), (j, t)

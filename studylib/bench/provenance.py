@@ -282,6 +282,7 @@ def provenance(**params: object) -> dict:
         "quant_kernel": _backend("studylib.models.quant", "isa"),
         # --act int8: which integer dot-product build this CPU runs (amx / avx512vnni / avxvnni / avx2 / scalar).
         "int8_kernel": _backend("studylib.models.int8_linear", "path"),
+        "int8_amx": _backend("studylib.models.int8_linear", "amx_rule"),
         # --act bf16: which bf16 dot-product build (avx512bf16 / avx2 / scalar).
         "bf16_kernel": _backend("studylib.models.bf16_linear", "path"),
         "invariant_kernels": _backend("studylib.models.invariant", "describe"),

@@ -43,6 +43,8 @@ from studylib.experiments.ch06_long_context import (  # noqa: F401  (re-exported
     plot_nll_gap,
     quality_summary,
 )
+from studylib.workbook import illustration as ill
+from studylib.workbook.tables import why_not_measured
 
 CHAPTER = 6
 
@@ -330,9 +332,10 @@ def aim_table(speed: dict, summary: pd.DataFrame, patterns: Sequence[str], n_tok
         rows.append({"aim": f"{quest_pattern}: the needle found wherever dense finds it",
                      "measured": f"{int(m.found.sum())} of {trials}" + ("" if enough else
                                                                         f" (illustration, n = {trials} trials)"),
-                     "met": bool(trials and m.found.all()) if enough else
-                     f"not judged: {trials} trials, fewer than {MIN_UNITS['documents']}"})
-    return pd.DataFrame(rows)
+                     "met": bool(trials and m.found.all()) if enough else None})
+    out = pd.DataFrame(rows)
+    # an empty "met" is an illustration's (the study's convention): the table's note says why, in words
+    return why_not_measured(out, met=ill.NOT_JUDGED) if out["met"].isna().any() else out
 
 
 def explain_kv(kv: pd.DataFrame) -> str:

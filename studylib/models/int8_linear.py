@@ -13,7 +13,8 @@ bits as ``reference`` (pure PyTorch) and a row's result never depends on the res
 token verified in a block of 16, batched with 63 requests or prefilled is the token decoded alone.
 
 ISA: built once per path and chosen at run time from /proc/cpuinfo, best first: ``amx`` (AMX-INT8
-tiles for each 16 rows, AVX512-VNNI for the rest), ``avx512vnni``, ``avxvnni``, ``avx2``
+tiles for steps of ``amx_min_rows()`` rows or more on weights of ``AMX_MIN_WEIGHTS`` entries or more,
+AVX512-VNNI otherwise), ``avx512vnni``, ``avxvnni``, ``avx2``
 (``vpmaddubsw``), ``scalar`` (plain C, any x86). ``STUDYLIB_INT8_ISA=auto|amx|...|scalar`` forces one
 (tests run each path this CPU has); ``path()`` names the one in use and provenance records it.
 """
@@ -26,9 +27,11 @@ from pathlib import Path
 import torch
 
 from studylib.cpuinfo import cpu_flags
+from studylib.errors import StudylibError
 from studylib.models.isa_build import IsaFamily
 
 BLOCK = 32
+AMX_MIN_WEIGHTS = 1 << 21  # csrc/int8_linear.c's AMX_MIN_WEIGHTS (why: its comment there)
 GROUP = 16  # weight rows per packed group (the lanes of a 512-bit vector, the columns of an AMX tile)
 CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2}
 PATHS = ("amx", "avx512vnni", "avxvnni", "avx2", "scalar")  # best first
@@ -53,6 +56,7 @@ def _bind(so) -> None:  # the export beyond the family's common ones
     so.i8_quantize.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     so.i8_quantize.restype = None
+    so.i8_set_amx_min_rows.argtypes, so.i8_set_amx_min_rows.restype = [ctypes.c_int], ctypes.c_int
 
 
 _FAMILY = IsaFamily(source=Path(__file__).parent / "csrc" / "int8_linear.c", env="STUDYLIB_INT8_ISA", define="I8_PATH",
@@ -73,6 +77,24 @@ def path() -> str:
 def lib(name: str | None = None):
     """The compiled library of path ``name`` (default: ``path()``)."""
     return _FAMILY.lib(name)
+
+
+def amx_min_rows(rows: int | None = None) -> int:
+    """The fewest rows a step needs for the ``amx`` build to use its tiles, on a weight of ``AMX_MIN_WEIGHTS``
+    entries or more (fewer rows, or a smaller weight, go to its AVX512-VNNI code). With ``rows``, sets it for
+    this process (1: tiles at every row count and every shape) and returns the previous value;
+    without, returns the current one. It changes no bit, only which units do the work."""
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+        raise StudylibError(f"amx_min_rows takes a row count >= 1, got {rows!r}.")
+    return int(lib("amx").i8_set_amx_min_rows(0 if rows is None else rows))
+
+
+def amx_rule() -> str:
+    """For provenance: from how many rows this process's int8 steps use AMX tiles, or why they use none."""
+    if path() != "amx":
+        return f"not used (path {path()})"
+    rows = amx_min_rows()
+    return "tiles at every shape" if rows == 1 else f"tiles from {rows} rows on weights of {AMX_MIN_WEIGHTS} entries or more"
 
 
 def entry() -> int:

@@ -113,7 +113,7 @@ def provenance_rows(prov: Mapping[str, Any], moment: str = "started") -> list[tu
     # CPU's flags), named for what it computes
     kernels = ", ".join(f"{what} {prov[key]}" for key, what in (
         ("cpu_linear", "fp32 linear"), ("quant_kernel", "4-bit blocks x fp32"), ("int8_kernel", "int8 dot products"),
-        ("bf16_kernel", "bf16 dot products"), ("invariant_kernels", "batch-invariant"),
+        ("int8_amx", "int8 AMX"), ("bf16_kernel", "bf16 dot products"), ("invariant_kernels", "batch-invariant"),
         ("quest_kernel", "Quest page scores")) if prov.get(key))
 
     v = prov.get("versions", {})

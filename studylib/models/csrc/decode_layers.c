@@ -183,6 +183,123 @@ static inline void dots_block(const float *q, const float *K, const size_t *off,
     }
 }
 
+/* Query heads that share a KV head, attended together (one task): each key and value row is loaded once for
+ * all of them, and their softmax sums and output accumulators form independent chains, so the adds and FMAs of
+ * one head wait on their own previous result while the others' issue (one head alone was bound by those
+ * latencies: a 64-wide head over 256 keys is a chain of 256 dependent adds, then one of 256 FMAs per vector).
+ * Every head's own arithmetic is unchanged, element for element and in key order: the same bits as one head
+ * at a time, for any chunking. */
+#define HEADS_PER_TASK 4
+/* v where the mask byte is nonzero, else -inf (LANES mask bytes from m). */
+static inline vf visible_or_neg_inf(vf v, const uint8_t *m) {
+#if LANES == 16
+    const __mmask16 k = _mm512_test_epi32_mask(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)m)),
+                                               _mm512_set1_epi32(0xff));
+    return _mm512_mask_blend_ps(k, _mm512_set1_ps(-INFINITY), v);
+#else
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)m));
+    const __m256 hidden = _mm256_castsi256_ps(_mm256_cmpeq_epi32(b, _mm256_setzero_si256()));
+    return _mm256_blendv_ps(v, _mm256_set1_ps(-INFINITY), hidden);
+#endif
+}
+/* One head's scores, scaled and masked, then exp(s - max): sc[0 .. upto). */
+static inline void head_scores(const float *q, const float *K, const size_t *off, int upto, const uint8_t *mrow,
+                               float scale, int D, float *sc) {
+    float mx = -INFINITY;
+    if (D % LANES == 0)
+        for (int j = 0; j < upto; j += LANES) dots_block(q, K, off + j, D, upto - j, sc + j);
+    else
+        for (int j = 0; j < upto; j++) sc[j] = dot(q, K + off[j], D);
+    /* Scale, mask, max: element-wise (the max is exact in any order), in lanes. */
+    int jv = 0;
+    {
+        vf vmx = VSET1(-INFINITY);
+        for (; jv + LANES <= upto; jv += LANES) {
+            vf v = VMUL(VLOAD(sc + jv), VSET1(scale));
+            if (mrow) v = visible_or_neg_inf(v, mrow + jv); /* masked keys: -inf, as the scalar loop sets them */
+            VSTORE(sc + jv, v);
+            vmx = VMAX(vmx, v);
+        }
+        float lanes[LANES];
+        VSTORE(lanes, vmx);
+        for (int i = 0; i < LANES; i++) mx = lanes[i] > mx ? lanes[i] : mx;
+    }
+    for (int j = jv; j < upto; j++) {
+        if (mrow && !mrow[j]) { sc[j] = -INFINITY; continue; }
+        sc[j] *= scale;
+        if (sc[j] > mx) mx = sc[j];
+    }
+    /* Masked scores are -inf; exp_fixed clamps, so they are zeroed explicitly. */
+    int j0 = 0;
+    for (; j0 + LANES <= upto; j0 += LANES) {
+        vf v = VLOAD(sc + j0);
+        VSTORE(sc + j0, VMASKINF(v, vexp_fixed(VSUB(v, VSET1(mx)))));
+    }
+    for (; j0 < upto; j0++) sc[j0] = sc[j0] == -INFINITY ? 0.0f : exp_fixed(sc[j0] - mx);
+}
+/* o_i = sum_j p_ij v_j for nh_ heads of nv_ vectors each (compile-time in every call below), the accumulators in registers: key by key, o += p * v
+ * (one FMA a vector), keys with p = 0 skipped, as the one-head loop did. */
+static inline __attribute__((always_inline)) void heads_pv(const float *sc, int S, const float *V, const size_t *off,
+                                                           int upto, int nh_, int nv_, float *o, int D) {
+    vf acc[HEADS_PER_TASK][16];
+    for (int i = 0; i < nh_; i++)
+        for (int v = 0; v < nv_; v++) acc[i][v] = VZERO();
+    for (int j = 0; j < upto; j++) {
+        const float *vr = V + off[j];
+        for (int i = 0; i < nh_; i++) {
+            const float p = sc[(size_t)i * S + j];
+            if (p == 0.0f) continue;
+            const vf pv = VSET1(p);
+            for (int v = 0; v < nv_; v++) acc[i][v] = VFMA(pv, VLOAD(vr + v * LANES), acc[i][v]);
+        }
+    }
+    for (int i = 0; i < nh_; i++)
+        for (int v = 0; v < nv_; v++) VSTORE(o + (size_t)i * D + v * LANES, acc[i][v]);
+}
+/* nh (<= HEADS_PER_TASK) consecutive query heads q[i * D ..] of one row against one KV head's keys: out[i * D ..]. */
+static void attend_heads(const float *q, const float *K, const float *V, const size_t *off, int upto,
+                         const uint8_t *mrow, float scale, int D, int nh, int S, float *sc, float *out) {
+    for (int i = 0; i < nh; i++) head_scores(q + (size_t)i * D, K, off, upto, mrow, scale, D, sc + (size_t)i * S);
+    float sum[HEADS_PER_TASK] = {0.0f, 0.0f, 0.0f, 0.0f};
+    switch (nh) { /* each head's sum in key order; the heads' chains interleaved */
+        case 4: for (int j = 0; j < upto; j++) { sum[0] += sc[j]; sum[1] += sc[S + j]; sum[2] += sc[2 * S + j]; sum[3] += sc[3 * S + j]; } break;
+        case 3: for (int j = 0; j < upto; j++) { sum[0] += sc[j]; sum[1] += sc[S + j]; sum[2] += sc[2 * S + j]; } break;
+        case 2: for (int j = 0; j < upto; j++) { sum[0] += sc[j]; sum[1] += sc[S + j]; } break;
+        default: for (int j = 0; j < upto; j++) sum[0] += sc[j]; break;
+    }
+    if (D % LANES == 0 && D <= 16 * LANES) {
+        for (int i = 0; i < nh; i++) { /* p_j = e_j / sum, element-wise in lanes (IEEE division: the scalar bits) */
+            float *si = sc + (size_t)i * S;
+            int jd = 0;
+            for (; jd + LANES <= upto; jd += LANES) VSTORE(si + jd, VDIV(VLOAD(si + jd), VSET1(sum[i])));
+            for (; jd < upto; jd++) si[jd] = si[jd] / sum[i];
+        }
+        const int nv = D / LANES;
+        /* register-resident forms for the common widths (64 and 128 dims); any other width in heads of one */
+        switch (nh * 100 + nv) {
+            case 104: heads_pv(sc, S, V, off, upto, 1, 4, out, D); break;
+            case 204: heads_pv(sc, S, V, off, upto, 2, 4, out, D); break;
+            case 304: heads_pv(sc, S, V, off, upto, 3, 4, out, D); break;
+            case 404: heads_pv(sc, S, V, off, upto, 4, 4, out, D); break;
+            case 108: heads_pv(sc, S, V, off, upto, 1, 8, out, D); break;
+            case 208: heads_pv(sc, S, V, off, upto, 2, 8, out, D); break;
+            default:
+                for (int i = 0; i < nh; i++) heads_pv(sc + (size_t)i * S, S, V, off, upto, 1, nv, out + (size_t)i * D, D);
+        }
+    } else {
+        for (int i = 0; i < nh; i++) {
+            float *o = out + (size_t)i * D;
+            const float *si = sc + (size_t)i * S;
+            for (int d = 0; d < D; d++) o[d] = 0.0f;
+            for (int j = 0; j < upto; j++) {
+                float p = si[j] / sum[i];
+                if (p != 0.0f)
+                    for (int d = 0; d < D; d++) o[d] += p * V[off[j] + d];
+            }
+        }
+    }
+}
+
 /* Where the keys live. NULL: the dense cache, (B, Hkv, max_len, D), row (b, t) at position s + t.
  * Else the paged pool, slot-major (slots, Hkv, D): x's rows are nseq sequences' new tokens back to back
  * (tok_off), sequence i has cached[i] tokens before them, and its slots in position order are
@@ -229,7 +346,7 @@ int decode_layers(
     float *att = malloc(sizeof(float) * (size_t)M * H * D);
     float *gu = malloc(sizeof(float) * (size_t)M * 2 * inter);
     float *out = malloc(sizeof(float) * (size_t)M * hid);
-    float *scores = malloc(sizeof(float) * (size_t)nthreads * S + 1);
+    float *scores = malloc(sizeof(float) * (size_t)nthreads * HEADS_PER_TASK * S + 1);
     size_t *offs = malloc(sizeof(size_t) * (size_t)nthreads * (S + LANES) + 1);
     int rc = (h && qkv && att && gu && out && scores && offs && seq && upto_of && write) ? 0 : -1;
     const float scale = 1.0f / sqrtf((float)D);
@@ -248,13 +365,18 @@ int decode_layers(
                 memcpy(ly->v_cache + write[m] + g * head_stride, row + (H + Hkv + g) * D, sizeof(float) * D);
             }
         }
-        /* Attention: one (row, head) per task; scores in fp32, max-subtracted softmax. */
+        /* Attention: one (row, KV head, chunk of up to HEADS_PER_TASK of its query heads) per task; scores in
+         * fp32, max-subtracted softmax (attend_heads). */
+        /* A one-row step goes head by head: its H tasks spread over the threads, which Hkv grouped tasks would
+         * not (3 on 2 threads for SmolLM2-135M). Either way each head's bits are the same. */
+        const int per_task = M == 1 ? 1 : grp < HEADS_PER_TASK ? grp : HEADS_PER_TASK;
+        const int chunks = (grp + per_task - 1) / per_task;
         _Pragma("omp parallel for num_threads(nthreads) schedule(static)")
-        for (int task = 0; task < M * H; task++) {
-            int m = task / H, hh = task % H, g = hh / grp, upto = upto_of[m];
-            float *sc = scores + (size_t)omp_get_thread_num() * S;
+        for (int task = 0; task < M * Hkv * chunks; task++) {
+            const int m = task / (Hkv * chunks), g = task / chunks % Hkv, h0 = g * grp + task % chunks * per_task;
+            const int nh = g * grp + grp - h0 < per_task ? g * grp + grp - h0 : per_task, upto = upto_of[m];
+            float *sc = scores + (size_t)omp_get_thread_num() * HEADS_PER_TASK * S;
             size_t *off = offs + (size_t)omp_get_thread_num() * (S + LANES);
-            const float *q = qkv + (size_t)m * QKV + hh * D;
             const float *K, *V;
             if (pg) {
                 const int64_t *sl = pg->k_slots + pg->slot_off[seq[m]];
@@ -266,65 +388,8 @@ int decode_layers(
                 K = ly->k_cache + ((size_t)seq[m] * Hkv + g) * max_len * D;
                 V = ly->v_cache + ((size_t)seq[m] * Hkv + g) * max_len * D;
             }
-            const uint8_t *mrow = mask ? mask + (size_t)m * upto : NULL;
-            float mx = -INFINITY;
-            if (D % LANES == 0)
-                for (int j = 0; j < upto; j += LANES) dots_block(q, K, off + j, D, upto - j, sc + j);
-            else
-                for (int j = 0; j < upto; j++) sc[j] = dot(q, K + off[j], D);
-            /* Scale, mask, max: element-wise (the max is exact in any order), in lanes. */
-            int jv = 0;
-            if (!mrow) {
-                vf vmx = VSET1(-INFINITY);
-                for (; jv + LANES <= upto; jv += LANES) {
-                    vf v = VMUL(VLOAD(sc + jv), VSET1(scale));
-                    VSTORE(sc + jv, v);
-                    vmx = VMAX(vmx, v);
-                }
-                float lanes[LANES];
-                VSTORE(lanes, vmx);
-                for (int i = 0; i < LANES; i++) mx = lanes[i] > mx ? lanes[i] : mx;
-            }
-            for (int j = jv; j < upto; j++) {
-                if (mrow && !mrow[j]) { sc[j] = -INFINITY; continue; }
-                sc[j] *= scale;
-                if (sc[j] > mx) mx = sc[j];
-            }
-            /* Masked scores are -inf; exp_fixed clamps, so they are zeroed explicitly. */
-            int j0 = 0;
-            for (; j0 + LANES <= upto; j0 += LANES) {
-                vf v = VLOAD(sc + j0);
-                VSTORE(sc + j0, VMASKINF(v, vexp_fixed(VSUB(v, VSET1(mx)))));
-            }
-            for (; j0 < upto; j0++) sc[j0] = sc[j0] == -INFINITY ? 0.0f : exp_fixed(sc[j0] - mx);
-            float sum = 0.0f;
-            for (int j = 0; j < upto; j++) sum += sc[j];
-            float *o = att + (size_t)m * H * D + hh * D;
-            if (D % LANES == 0 && D <= 16 * LANES) {
-                /* The output row stays in registers across the keys: o += p * v_j (mul, add), key by key. */
-                vf acc[16];
-                const int nv = D / LANES;
-                for (int i = 0; i < nv; i++) acc[i] = VZERO();
-                /* p_j = e_j / sum, element-wise in lanes (IEEE division: the bits of the scalar form). */
-                int jd = 0;
-                for (; jd + LANES <= upto; jd += LANES) VSTORE(sc + jd, VDIV(VLOAD(sc + jd), VSET1(sum)));
-                for (; jd < upto; jd++) sc[jd] = sc[jd] / sum;
-                for (int j = 0; j < upto; j++) {
-                    const float p = sc[j];
-                    if (p == 0.0f) continue;
-                    const vf pv = VSET1(p);
-                    const float *vr = V + off[j];
-                    for (int i = 0; i < nv; i++) acc[i] = VFMA(pv, VLOAD(vr + i * LANES), acc[i]);
-                }
-                for (int i = 0; i < nv; i++) VSTORE(o + i * LANES, acc[i]);
-            } else {
-                for (int i = 0; i < D; i++) o[i] = 0.0f;
-                for (int j = 0; j < upto; j++) {
-                    float p = sc[j] / sum;
-                    if (p != 0.0f)
-                        for (int i = 0; i < D; i++) o[i] += p * V[off[j] + i];
-                }
-            }
+            attend_heads(qkv + (size_t)m * QKV + h0 * D, K, V, off, upto, mask ? mask + (size_t)m * upto : NULL,
+                         scale, D, nh, S, sc, att + (size_t)m * H * D + h0 * D);
         }
         rc |= linear(ly->fmt[1], att, H * D, ly->w[1], NULL, out, M, H * D, hid, nthreads);
         add_rows(x, out, M, hid, nthreads);

@@ -41,7 +41,7 @@
 #include <unistd.h>
 #endif
 
-/* Paths: 0 scalar, 1 avx2, 2 avxvnni, 3 avx512vnni, 4 amx (AMX-INT8 for 16-row tiles, else 3). */
+/* Paths: 0 scalar, 1 avx2, 2 avxvnni, 3 avx512vnni, 4 amx (AMX-INT8 tiles from I8_AMX_MIN_ROWS rows, else 3). */
 #ifndef I8_PATH
 #define I8_PATH 0
 #endif
@@ -90,6 +90,10 @@ typedef struct {
     uint8_t *qu; /* q + 128 as uint8 (Q8_0 weights on the VNNI paths: vpdpbusd wants one unsigned side) */
     float *dx, *sx;
     int32_t *sq;
+    /* AMX only (else NULL): x tiled, qa[(t * nb + b) * 512 + r * 32 + k] = q[16 t + r][32 b + k] (rows past M
+     * zero), and its scales beside it, dxa / sxa[(t * nb + b) * 16 + r] */
+    int8_t *qa;
+    float *dxa, *sxa;
 } xq_t;
 
 /* One row. The same bits on every build (-ffp-contract=off; rne is nearbyintf in the default
@@ -141,12 +145,18 @@ static void quantize_row(const float *x, ptrdiff_t ldx, int m, int K, const xq_t
         const size_t i = (size_t)m * nb + b, at = (size_t)m * K + b * QK;
         quantize_block(x + (ptrdiff_t)m * ldx + b * QK, o->q + at, o->qu ? o->qu + at : NULL, o->dx + i, o->sq + i,
                        o->sx + i);
+        if (o->qa) {
+            const size_t tb = (size_t)(m / 16) * nb + b;
+            memcpy(o->qa + tb * 512 + (m % 16) * QK, o->q + at, QK);
+            o->dxa[tb * 16 + m % 16] = o->dx[i];
+            o->sxa[tb * 16 + m % 16] = o->sx[i];
+        }
     }
 }
 
 /* Exported for tests: the rounding alone. */
 void i8_quantize(const float *x, ptrdiff_t ldx, int M, int K, int8_t *q, float *dx, int32_t *sq, float *sx) {
-    xq_t o = {q, NULL, dx, sx, sq};
+    xq_t o = {q, NULL, dx, sx, sq, NULL, NULL, NULL};
     for (int m = 0; m < M; m++) quantize_row(x, ldx, m, K, &o);
 }
 
@@ -361,8 +371,21 @@ static void group_simd(int fmt, const xq_t *x, int r0, int R, int K, const uint8
 
 #if I8_PATH == 4
 /* ---------------------------------------------------------------------------------------------- */
-/* AMX-INT8: per block, a 16 x 16 tile of exact int32 sums (16 x rows by the group's 16 weight rows)
- * from one tile multiply; the float steps are the same element-wise ones as above. */
+/* AMX-INT8. Per block of 32 columns, one tile multiply gives a 16 x 16 tile of exact int32 sums (16 rows
+ * of x by a group's 16 weight rows); the float steps are the same element-wise ones as tile16's.
+ *
+ * Why this shape (measured: the first version, one 16 x 16 tile combined right after its multiply, ran at
+ * VNNI's speed or slower, because the tile unit idled while the vector ports did each block's float steps
+ * and then waited on the store): a micro-kernel holds 2 x 2 C tiles (two row tiles of x against two weight
+ * groups), so each A and B tile loaded feeds two multiplies, and the float steps of each tile trail its
+ * multiply by one block, read from a double-buffered store, so the vector ports combine block b - 1 while
+ * the tile unit multiplies block b (llama.cpp's AMX kernel keeps its combine off the tile unit's path the
+ * same way; its arithmetic differs, so only the structure is shared). x comes tiled (16 rows x 32 bytes
+ * contiguous per row tile and block) with its scales beside it, one cache line per (row tile, block).
+ *
+ * Bits: the integer sums are exact; every output still sees acc = 0, then acc = acc + (d * dx) * s and,
+ * for Q4_1, acc = acc + m * sx, blocks in order: tile16's sequence. Q4_0 feeds nibble - 8 as signed bytes
+ * (dpbssd), and sum (n - 8) q == sum n q - 8 Sq exactly. */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -376,82 +399,244 @@ int i8_amx_init(void) { /* Linux hands out AMX state only on request; once per p
     if (!amx_ready) amx_ready = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
     return amx_ready == 1 ? 0 : -1;
 }
+/* tile registers: tmm0/1 B (weight group j), tmm2/3 A (row tile i), tmm4..7 C (i, j) = 4 + 2 i + j */
 static void amx_config(void) {
     tilecfg_t cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    for (int i = 0; i < 2; i++) {
-        cfg.rows[i] = 16; cfg.colsb[i] = 64;         /* C: 16 x rows x 16 int32 */
-        cfg.rows[2 + i] = 16; cfg.colsb[2 + i] = 32; /* A: 16 x rows x 32 int8 (one block) */
-        cfg.rows[4 + i] = 8; cfg.colsb[4 + i] = 64;  /* B: 8 x (16 weight rows x 4 bytes) */
-    }
+    for (int j = 0; j < 2; j++) { cfg.rows[j] = 8; cfg.colsb[j] = 64; }         /* B: 8 x (16 rows x 4 bytes) */
+    for (int i = 0; i < 2; i++) { cfg.rows[2 + i] = 16; cfg.colsb[2 + i] = 32; } /* A: 16 rows x 32 int8 */
+    for (int c = 0; c < 4; c++) { cfg.rows[4 + c] = 16; cfg.colsb[4 + c] = 64; } /* C: 16 x 16 int32 */
     _tile_loadconfig(&cfg);
 }
-/* The float steps of one block for 16 rows, from that block's tile of int32 sums. */
-static inline __attribute__((always_inline)) void amx_combine(int fmt, const xq_t *x, int r0, int nb, int b,
-                                                              const uint8_t *rp, int32_t sums[16][16],
-                                                              __m512 acc[16]) {
+
+typedef struct { /* per thread, 64-byte aligned: about 14 KB, so it stays in L1 beside the tiles' operands */
+    uint8_t bu[2][2][512];    /* B tiles per parity (block b & 1) and group, nibbles widened to bytes */
+    int32_t cb[2][4][16][16]; /* C tiles per parity (block b & 1) and tile */
+    float acc[4][16][16];     /* fp32 accumulators per tile */
+} amx_scratch_t;
+
+static inline void amx_unpack(int fmt, const uint8_t *qd, uint8_t *dst) {
+    const __m512i lo = _mm512_set1_epi8(15), eight = _mm512_set1_epi8(8);
+    for (int c = 0; c < 4; c++) {
+        const __m512i p = _mm512_loadu_si512(qd + 64 * c);
+        __m512i a = _mm512_and_si512(p, lo), h = _mm512_and_si512(_mm512_srli_epi16(p, 4), lo);
+        if (fmt == Q4_0) { a = _mm512_sub_epi8(a, eight); h = _mm512_sub_epi8(h, eight); }
+        _mm512_store_si512(dst + 64 * c, a);
+        _mm512_store_si512(dst + 64 * (c + 4), h);
+    }
+}
+
+/* One tile's float steps for block b (rows < R of row tile t), from its int32 sums. */
+static inline __attribute__((always_inline)) void amx_combine(int fmt, const xq_t *x, int t, int nb, int b, int R,
+                                                              const uint8_t *rp, const int32_t c[16][16],
+                                                              float acc[16][16]) {
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rp));
     __m512 mm = _mm512_setzero_ps();
     if (fmt == Q4_1) mm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rp + 32)));
-    for (int r = 0; r < 16; r++) {
-        __m512i s = _mm512_load_si512(sums[r]);
-        const size_t xi = (size_t)(r0 + r) * nb + b;
-        if (fmt == Q4_0) s = _mm512_sub_epi32(s, _mm512_set1_epi32(8 * x->sq[xi]));
-        const __m512 t = _mm512_mul_ps(d, _mm512_set1_ps(x->dx[xi]));
-        acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(t, _mm512_cvtepi32_ps(s)));
-        if (fmt == Q4_1) acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(mm, _mm512_set1_ps(x->sx[xi])));
+    const size_t base = ((size_t)t * nb + b) * 16;
+    for (int r = 0; r < R; r++) {
+        const __m512 s = _mm512_cvtepi32_ps(_mm512_load_si512(c[r]));
+        const __m512 tt = _mm512_mul_ps(d, _mm512_set1_ps(x->dxa[base + r]));
+        __m512 a = _mm512_add_ps(_mm512_load_ps(acc[r]), _mm512_mul_ps(tt, s));
+        if (fmt == Q4_1) a = _mm512_add_ps(a, _mm512_mul_ps(mm, _mm512_set1_ps(x->sxa[base + r])));
+        _mm512_store_ps(acc[r], a);
     }
 }
-/* 16 x rows (a full tile) against one group; wu: the group's quants unpacked to bytes, 512 per block.
- * Two blocks in flight (tiles 0/2/4 and 1/3/5), so one block's float steps overlap the next multiply. */
-static void tile_amx(int fmt, const xq_t *x, int r0, int K, const uint8_t *wg, const uint8_t *wu,
-                     float out[][GN]) {
-    const int nb = K / QK, rec = record_bytes(fmt);
-    __m512 acc[16];
-    int32_t s0[16][16] __attribute__((aligned(64))), s1[16][16] __attribute__((aligned(64)));
-    for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
-    const int8_t *xa = x->q + (size_t)r0 * K;
-#define BTILE(b) (fmt == Q8_0 ? wg + (size_t)(b) * rec + qoff(fmt) : wu + (size_t)(b) * 512)
-    int b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_loadd(2, xa + b * QK, K);
-        _tile_loadd(4, BTILE(b), 64);
-        _tile_loadd(3, xa + (b + 1) * QK, K);
-        _tile_loadd(5, BTILE(b + 1), 64);
-        if (fmt == Q8_0) { _tile_dpbssd(0, 2, 4); _tile_dpbssd(1, 3, 5); }
-        else { _tile_dpbsud(0, 2, 4); _tile_dpbsud(1, 3, 5); }
-        _tile_stored(0, s0, 64);
-        _tile_stored(1, s1, 64);
-        amx_combine(fmt, x, r0, nb, b, wg + (size_t)b * rec, s0, acc);
-        amx_combine(fmt, x, r0, nb, b + 1, wg + (size_t)(b + 1) * rec, s1, acc);
+
+/* Row tiles t0 .. t0 + nA - 1 (R0, R1 valid rows of 16) against the groups wg[0 .. nB - 1] (nA, nB in 1..2);
+ * out[j][16 i + r][n]: row 16 (t0 + i) + r of x against row n of group j. */
+static inline __attribute__((always_inline)) void amx_kernel(int fmt, const xq_t *x, int t0, int nA, int R0, int R1,
+                                                             int nb, const uint8_t *const wg[2], int nB,
+                                                             amx_scratch_t *sc, float out[2][32][GN]) {
+    const int rec = record_bytes(fmt), Ri[2] = {R0, R1};
+    memset(sc->acc, 0, sizeof sc->acc);
+    for (int b = 0; b <= nb; b++) {
+        const int p = b & 1, q = p ^ 1;
+        if (b < nb) {
+            const uint8_t *bt[2] = {NULL, NULL};
+            for (int j = 0; j < nB; j++) {
+                const uint8_t *rp = wg[j] + (size_t)b * rec, *qd = rp + qoff(fmt);
+                for (int o = 0; o < 320; o += 64) /* the stream four records ahead (a prefetch never faults) */
+                    _mm_prefetch((const char *)(rp + 4 * rec + o), _MM_HINT_T0);
+                if (fmt == Q8_0) bt[j] = qd;
+                else {
+                    amx_unpack(fmt, qd, sc->bu[0][j]);
+                    bt[j] = sc->bu[0][j];
+                }
+            }
+            /* tile numbers must be literals (they are encoded in the instruction) */
+            _tile_loadd(0, bt[0], 64);
+            if (nB > 1) _tile_loadd(1, bt[1], 64);
+            _tile_loadd(2, x->qa + ((size_t)t0 * nb + b) * 512, 32);
+            if (nA > 1) _tile_loadd(3, x->qa + ((size_t)(t0 + 1) * nb + b) * 512, 32);
+        }
+        /* per tile: multiply block b, combine the same tile's block b - 1 meanwhile, then store block b.
+         * TILE(I, J, C, A, B): row tile I, group J, in tiles C = 4 + 2 I + J, A = 2 + I, B = J. */
+#define TILE(I, J, C, A, B)                                                                                      \
+        if ((I) < nA && (J) < nB) {                                                                              \
+            if (b < nb) {                                                                                        \
+                _tile_zero(C);                                                                                   \
+                if (fmt == Q4_1) _tile_dpbsud(C, A, B);                                                          \
+                else _tile_dpbssd(C, A, B);                                                                      \
+            }                                                                                                    \
+            if (b > 0)                                                                                           \
+                amx_combine(fmt, x, t0 + (I), nb, b - 1, Ri[I], wg[J] + (size_t)(b - 1) * rec,                   \
+                            (const int32_t(*)[16])sc->cb[q][2 * (I) + (J)], sc->acc[2 * (I) + (J)]);             \
+            if (b < nb) _tile_stored(C, sc->cb[p][2 * (I) + (J)], 64);                                           \
+        }
+        TILE(0, 0, 4, 2, 0) TILE(1, 0, 6, 3, 0) TILE(0, 1, 5, 2, 1) TILE(1, 1, 7, 3, 1)
+#undef TILE
     }
-    if (b < nb) {
-        _tile_zero(0);
-        _tile_loadd(2, xa + b * QK, K);
-        _tile_loadd(4, BTILE(b), 64);
-        if (fmt == Q8_0) _tile_dpbssd(0, 2, 4);
-        else _tile_dpbsud(0, 2, 4);
-        _tile_stored(0, s0, 64);
-        amx_combine(fmt, x, r0, nb, b, wg + (size_t)b * rec, s0, acc);
-    }
-#undef BTILE
-    for (int r = 0; r < 16; r++) _mm512_storeu_ps(out[r], acc[r]);
+    for (int i = 0; i < nA; i++)
+        for (int j = 0; j < nB; j++)
+            for (int r = 0; r < Ri[i]; r++) memcpy(out[j][16 * i + r], sc->acc[2 * i + j][r], sizeof(float) * GN);
 }
-static void unpack_group(const uint8_t *wg, int nb, int rec, int fmt, uint8_t *wu) {
-    const __m512i lo = _mm512_set1_epi8(15);
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *qd = wg + (size_t)b * rec + qoff(fmt);
-        for (int c = 0; c < 4; c++) {
-            __m512i p = _mm512_loadu_si512(qd + 64 * c);
-            _mm512_storeu_si512(wu + (size_t)b * 512 + 64 * c, _mm512_and_si512(p, lo));
-            _mm512_storeu_si512(wu + (size_t)b * 512 + 64 * (c + 4), _mm512_and_si512(_mm512_srli_epi16(p, 4), lo));
+static void amx_groups(int fmt, const xq_t *x, int M, int nb, const uint8_t *const wg[2], int nB, amx_scratch_t *sc,
+                       float out[2][32][GN], const float *bias, float *y, int N, int g) {
+    for (int m0 = 0; m0 < M; m0 += 32) {
+        const int R = M - m0 < 32 ? M - m0 : 32, R0 = R < 16 ? R : 16, R1 = R - R0;
+        switch (fmt) { /* one specialised copy per format: the format tests leave the inner loops */
+            case Q4_0: amx_kernel(Q4_0, x, m0 / 16, R1 ? 2 : 1, R0, R1, nb, wg, nB, sc, out); break;
+            case Q4_1: amx_kernel(Q4_1, x, m0 / 16, R1 ? 2 : 1, R0, R1, nb, wg, nB, sc, out); break;
+            default: amx_kernel(Q8_0, x, m0 / 16, R1 ? 2 : 1, R0, R1, nb, wg, nB, sc, out); break;
+        }
+        for (int j = 0; j < nB; j++) {
+            const int gj = g + j, nn = N - gj * GN < GN ? N - gj * GN : GN;
+            float bg[GN] = {0};
+            if (bias) memcpy(bg, bias + gj * GN, sizeof(float) * nn);
+            for (int r = 0; r < R; r++) { /* element-wise, as on the other paths */
+                float *yr = y + (size_t)(m0 + r) * N + gj * GN;
+                for (int n = 0; n < nn; n++) yr[n] = out[j][r][n] + bg[n];
+            }
+        }
+    }
+}
+
+/* Steps of at most 16 rows (verification windows, trees, small batches): one row tile, configured to the step's
+ * R rows, so a multiply works and a C tile stores R rows, not 16; and the fp32 accumulators live in registers
+ * (R and the group count are compile-time), so a block's combine is R loads of int32 sums and the float steps,
+ * with no accumulator traffic through L1. Two groups per pass while R <= 8 (2 R accumulators), one beyond.
+ * The same float sequence as amx_combine, element for element, so the same bits. */
+static void amx_config_rows(int R) {
+    tilecfg_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int j = 0; j < 2; j++) { cfg.rows[j] = 8; cfg.colsb[j] = 64; }     /* B: 8 x (16 rows x 4 bytes) */
+    cfg.rows[2] = (uint8_t)R; cfg.colsb[2] = 32;                            /* A: R rows x 32 int8 */
+    for (int c = 0; c < 2; c++) { cfg.rows[4 + c] = (uint8_t)R; cfg.colsb[4 + c] = 64; } /* C: R x 16 int32 */
+    _tile_loadconfig(&cfg);
+}
+static inline __attribute__((always_inline)) void amx_small(int fmt, const xq_t *x, int R, int nB, int nb,
+                                                            const uint8_t *const wg[2], amx_scratch_t *sc,
+                                                            const float *bias, float *y, int N, int g) {
+    const int rec = record_bytes(fmt);
+    __m512 acc[2][16];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; r++) { acc[0][r] = _mm512_setzero_ps(); acc[1][r] = _mm512_setzero_ps(); }
+    /* B operands one block ahead: block b + 1 is unpacked (into the other half of bu) while block b's tiles
+     * load, so a tile load never waits on stores just issued. */
+    const uint8_t *bt[2][2] = {{NULL, NULL}, {NULL, NULL}};
+#define AMX_STAGE(BB)                                                                                            \
+    for (int j = 0; j < nB; j++) {                                                                               \
+        const uint8_t *rp = wg[j] + (size_t)(BB) * rec, *qd = rp + qoff(fmt);                                    \
+        for (int o = 0; o < 320; o += 64) /* the stream four records ahead (a prefetch never faults) */          \
+            _mm_prefetch((const char *)(rp + 4 * rec + o), _MM_HINT_T0);                                         \
+        if (fmt == Q8_0) bt[(BB) & 1][j] = qd;                                                                   \
+        else {                                                                                                   \
+            amx_unpack(fmt, qd, sc->bu[(BB) & 1][j]);                                                            \
+            bt[(BB) & 1][j] = sc->bu[(BB) & 1][j];                                                               \
+        }                                                                                                        \
+    }
+    AMX_STAGE(0)
+    for (int b = 0; b <= nb; b++) {
+        const int p = b & 1, q = p ^ 1;
+        if (b < nb) {
+            _tile_loadd(2, x->qa + (size_t)b * 512, 32);
+            _tile_loadd(0, bt[p][0], 64);
+            _tile_zero(4);
+            if (fmt == Q4_1) _tile_dpbsud(4, 2, 0);
+            else _tile_dpbssd(4, 2, 0);
+            if (nB > 1) {
+                _tile_loadd(1, bt[p][1], 64);
+                _tile_zero(5);
+                if (fmt == Q4_1) _tile_dpbsud(5, 2, 1);
+                else _tile_dpbssd(5, 2, 1);
+            }
+            if (b + 1 < nb) { AMX_STAGE(b + 1) }
+        }
+        if (b > 0) { /* block b - 1's float steps while the tile unit multiplies block b */
+            const float *dxa = x->dxa + (size_t)(b - 1) * 16, *sxa = x->sxa + (size_t)(b - 1) * 16;
+            for (int j = 0; j < nB; j++) {
+                const uint8_t *rp = wg[j] + (size_t)(b - 1) * rec;
+                const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rp));
+                __m512 mm = _mm512_setzero_ps();
+                if (fmt == Q4_1) mm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rp + 32)));
+#pragma GCC unroll 16
+                for (int r = 0; r < R; r++) {
+                    const __m512 s = _mm512_cvtepi32_ps(_mm512_load_si512(sc->cb[q][j][r]));
+                    const __m512 tt = _mm512_mul_ps(d, _mm512_set1_ps(dxa[r]));
+                    __m512 a = _mm512_add_ps(acc[j][r], _mm512_mul_ps(tt, s));
+                    if (fmt == Q4_1) a = _mm512_add_ps(a, _mm512_mul_ps(mm, _mm512_set1_ps(sxa[r])));
+                    acc[j][r] = a;
+                }
+            }
+        }
+        if (b < nb) {
+            _tile_stored(4, sc->cb[p][0], 64);
+            if (nB > 1) _tile_stored(5, sc->cb[p][1], 64);
+        }
+    }
+    for (int j = 0; j < nB; j++) { /* y = acc + bias, element-wise, as on the other paths (0 without a bias) */
+        const int gj = g + j, nn = N - gj * GN < GN ? N - gj * GN : GN;
+        const __mmask16 k = (__mmask16)((1u << nn) - 1u);
+        const __m512 bg = bias ? _mm512_maskz_loadu_ps(k, bias + gj * GN) : _mm512_setzero_ps();
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (size_t)r * N + gj * GN, k, _mm512_add_ps(acc[j][r], bg));
+    }
+}
+#undef AMX_STAGE
+static void amx_small_groups(int fmt, const xq_t *x, int R, int nb, int g0, int g1, size_t grp_bytes,
+                             const uint8_t *wp, amx_scratch_t *sc, const float *bias, float *y, int N) {
+    const int pair = R <= 8; /* two groups' accumulators fit the 32 vector registers */
+    for (int g = g0; g < g1; g += pair ? 2 : 1) {
+        const int nB = pair && g + 1 < g1 ? 2 : 1;
+        const uint8_t *const wg[2] = {wp + (size_t)g * grp_bytes, wp + (size_t)(g + nB - 1) * grp_bytes};
+        switch ((fmt * 17 + R) * 2 + nB - 1) {
+#define S1(F, RR, NB) case (F * 17 + RR) * 2 + NB - 1: amx_small(F, x, RR, NB, nb, wg, sc, bias, y, N, g); break;
+#define S2(F, RR) S1(F, RR, 1) S1(F, RR, 2)
+#define SF(F) S2(F, 1) S2(F, 2) S2(F, 3) S2(F, 4) S2(F, 5) S2(F, 6) S2(F, 7) S2(F, 8) \
+              S1(F, 9, 1) S1(F, 10, 1) S1(F, 11, 1) S1(F, 12, 1) S1(F, 13, 1) S1(F, 14, 1) S1(F, 15, 1) S1(F, 16, 1)
+            SF(Q4_0) SF(Q4_1) SF(Q8_0)
+#undef SF
+#undef S2
+#undef S1
+            default: break;
         }
     }
 }
 #endif
+
+/* When the AMX build uses its tiles: a step of at least amx_min_rows rows on a weight of at least AMX_MIN_WEIGHTS
+ * entries (fewer of either: AVX512-VNNI). Tests and benchmarks set amx_min_rows to 1, which forces the tiles at
+ * every row count and shape; the rule changes no bit, only which units work.
+ * Why 16 rows and 2 Mi weights (2-core Xeon, 2 threads, benchmarks/int8_kernel_bytes.py, ms, tiles / VNNI): the
+ * tiles' cost per block (unpacking nibbles into a B tile, storing each C tile for the combine) is repaid once the
+ * VNNI path's dot products are the bound, which on weights past the caches starts at 4 rows (16384 x 8192 Q4_1:
+ * 4 rows 2.54 / 2.72, 8 rows 2.91 / 4.05, 16 rows 5.18 / 7.46) but on weights the caches hold only at 16 rows
+ * (2048 x 2048: 8 rows 0.125 / 0.116, 16 rows 0.195 / 0.226; the 49152 x 576 Q8_0 head: 8 rows 0.72 / 0.74,
+ * 16 rows 0.90 / 1.44); on the 135M model's 576-wide layers (under 2 Mi weights) the per-call setup is not
+ * repaid even at 16 rows (1536 x 576: 0.051 / 0.046; 3072 x 576: 0.087 / 0.090). */
+#ifndef I8_AMX_MIN_ROWS
+#define I8_AMX_MIN_ROWS 16
+#endif
+#define AMX_MIN_WEIGHTS ((size_t)1 << 21)
+static int amx_min_rows = I8_AMX_MIN_ROWS;
+int i8_set_amx_min_rows(int rows) {
+    const int old = amx_min_rows;
+    if (rows >= 1) amx_min_rows = rows;
+    return old;
+}
 
 /* ---------------------------------------------------------------------------------------------- */
 #define RT 64 /* x rows per pass over a group (their int8 rows stay in L1/L2 while the group's blocks pass) */
@@ -463,7 +648,7 @@ static int run(int fmt, const float *x, ptrdiff_t ldx, const xq_t *xq, const uin
     int per = (G + nthreads - 1) / nthreads, tasks = per ? (G + per - 1) / per : 0;
     int rc = 0;
 #if I8_PATH == 4
-    const int use_amx = M >= 16 && i8_amx_init() == 0;
+    const int use_amx = xq->qa != NULL; /* i8_linear decided, and tiled x for it */
 #endif
     /* One parallel region: the threads round x's rows, then (after the loop's barrier) take the groups. */
     _Pragma("omp parallel num_threads(nthreads) reduction(|: rc)")
@@ -472,35 +657,43 @@ static int run(int fmt, const float *x, ptrdiff_t ldx, const xq_t *xq, const uin
     for (int m = 0; m < M; m++) quantize_row(x, ldx, m, K, xq);
     _Pragma("omp for schedule(static, 1)")
     for (int t = 0; t < tasks; t++) {
-        float (*out)[GN] = malloc(sizeof(float) * GN * RT);
-#if I8_PATH == 4
-        uint8_t *wu = NULL;
-        if (use_amx && fmt != Q8_0) wu = aligned_alloc(64, (size_t)nb * 512 + 64);
-        if (use_amx) amx_config();
-        if (!out || (use_amx && fmt != Q8_0 && !wu)) { rc |= 1; free(out); free(wu); continue; }
-#else
-        if (!out) { rc |= 1; continue; }
-#endif
         const int g_end = (t + 1) * per < G ? (t + 1) * per : G;
+#if I8_PATH == 4
+        if (use_amx) { /* the groups two at a time, every row of x against each pair */
+            amx_scratch_t *sc = aligned_alloc(64, sizeof(amx_scratch_t));
+            float (*out2)[32][GN] = aligned_alloc(64, sizeof(float) * 2 * 32 * GN);
+            if (!sc || !out2) { rc |= 1; free(sc); free(out2); continue; }
+            if (M <= 16) {
+                amx_config_rows(M);
+                amx_small_groups(fmt, xq, M, nb, t * per, g_end, grp_bytes, wp, sc, bias, y, N);
+                _tile_release();
+                free(sc);
+                free(out2);
+                continue;
+            }
+            amx_config();
+            for (int g = t * per; g < g_end; g += 2) {
+                const int nB = g + 1 < g_end ? 2 : 1;
+                const uint8_t *const wg2[2] = {wp + (size_t)g * grp_bytes, wp + (size_t)(g + nB - 1) * grp_bytes};
+                amx_groups(fmt, xq, M, nb, wg2, nB, sc, out2, bias, y, N, g);
+            }
+            _tile_release();
+            free(sc);
+            free(out2);
+            continue;
+        }
+#endif
+        float (*out)[GN] = malloc(sizeof(float) * GN * RT);
+        if (!out) { rc |= 1; continue; }
         for (int g = t * per; g < g_end; g++) {
             const uint8_t *wg = wp + (size_t)g * grp_bytes;
-#if I8_PATH == 4
-            if (wu) unpack_group(wg, nb, rec, fmt, wu);
-#endif
             for (int m0 = 0; m0 < M; m0 += RT) {
                 const int R = M - m0 < RT ? M - m0 : RT;
-                int done = 0;
-#if I8_PATH == 4
-                if (use_amx)
-                    for (; done + 16 <= R; done += 16) tile_amx(fmt, xq, m0 + done, K, wg, wu, out + done);
-#endif
-                if (done < R) {
 #if I8_PATH == 0
-                    group_scalar(fmt, xq, m0 + done, R - done, K, wg, out + done);
+                group_scalar(fmt, xq, m0, R, K, wg, out);
 #else
-                    group_simd(fmt, xq, m0 + done, R - done, K, wg, out + done);
+                group_simd(fmt, xq, m0, R, K, wg, out);
 #endif
-                }
                 const int nn = N - g * GN < GN ? N - g * GN : GN;
                 float bg[GN] = {0};
                 if (bias) memcpy(bg, bias + g * GN, sizeof(float) * nn);
@@ -513,10 +706,6 @@ static int run(int fmt, const float *x, ptrdiff_t ldx, const xq_t *xq, const uin
                 }
             }
         }
-#if I8_PATH == 4
-        if (use_amx) _tile_release();
-        free(wu);
-#endif
         free(out);
     }
     }
@@ -531,14 +720,23 @@ int i8_linear(int fmt, const float *x, ptrdiff_t ldx, const uint8_t *wp, const f
     if (M == 0 || N == 0) return 0;
     const int nb = K / QK;
     xq_t xq = {malloc((size_t)M * K + 64), NULL, malloc(sizeof(float) * (size_t)M * nb),
-               malloc(sizeof(float) * (size_t)M * nb), malloc(sizeof(int32_t) * (size_t)M * nb)};
+               malloc(sizeof(float) * (size_t)M * nb), malloc(sizeof(int32_t) * (size_t)M * nb), NULL, NULL, NULL};
 #if I8_PATH >= 3
     if (fmt == Q8_0) xq.qu = malloc((size_t)M * K + 64);
+#endif
+#if I8_PATH == 4
+    if (M >= amx_min_rows && (amx_min_rows == 1 || (size_t)N * K >= AMX_MIN_WEIGHTS) && i8_amx_init() == 0) {
+        const size_t tiles = (size_t)(M + 15) / 16 * nb;
+        xq.qa = calloc(tiles * 512 + 64, 1); /* zero rows pad the last row tile */
+        xq.dxa = calloc(tiles * 16, sizeof(float));
+        xq.sxa = calloc(tiles * 16, sizeof(float));
+        if (!xq.qa || !xq.dxa || !xq.sxa) { free(xq.qa); free(xq.dxa); free(xq.sxa); xq.qa = NULL; xq.dxa = xq.sxa = NULL; }
+    }
 #endif
     int rc = -1;
     if (xq.q && xq.dx && xq.sx && xq.sq && (fmt != Q8_0 || I8_PATH < 3 || xq.qu)) {
         rc = run(fmt, x, ldx, &xq, wp, bias, y, M, K, N, nthreads < 1 ? 1 : nthreads);
     }
-    free(xq.q); free(xq.qu); free(xq.dx); free(xq.sx); free(xq.sq);
+    free(xq.q); free(xq.qu); free(xq.dx); free(xq.sx); free(xq.sq); free(xq.qa); free(xq.dxa); free(xq.sxa);
     return rc;
 }
