@@ -343,7 +343,7 @@ def decide_parts(claim_id: str, metric: str, parts: Sequence[Verdict], claimed: 
 
 def _by_construction_note(rows: Sequence[Verdict]) -> str:
     names = [r.metric for r in rows if r.by_construction]
-    return f"not counted, true by construction: {', '.join(names)}" if names else ""
+    return f"not counted, true by construction in whole or in part: {', '.join(names)}" if names else ""
 
 
 def decide_conditions(claim_id: str, metric: str, rows: Sequence[Verdict], claimed: str, conditions: str,

@@ -426,3 +426,28 @@ def test_pair_ratio_is_the_work_bound():
     expected = (8192 * 8193 / 2) / (512 * 513 / 2 + (8192 - 512) * 512)
     assert ch06.pair_ratio("window:512", 8192) == pytest.approx(expected)
     assert ch06.pair_ratio("dense", 1000) == 1.0
+
+
+def test_the_quest_speed_aim_prints_the_verdicts_whole_run_value_when_given_the_runs():
+    """The aims table and the verdict print one number for Quest's decode speed-up: with the whole runs, the aim
+    reads them at C6's corrected level and decides on them; the one-process sweep stands beside it, labelled."""
+    import pandas as pd
+
+    from studylib.bench.whole_runs import WholeRuns
+    from studylib.experiments import ch06_sparse_attention as ch06
+
+    q = "quest:budget=64"
+    decode = pd.DataFrame([{"pattern": p, "seq_len": 512, "rep": r, "ms_per_token": ms}
+                           for r in range(3) for p, ms in (("dense", 10.0 + r), (q, 4.0 + 0.1 * r))])
+    runs = WholeRuns("studylib.experiments.ch06_decode:timing_run", {}, [
+        {"pid": i, "started": "t", "load_before": [0.1], "load_after": [0.1], "bandwidth_gbs": 30.0, "seconds": 1.0,
+         "metrics": {f"speedup:{q}": v}} for i, v in enumerate([1.7, 1.8, 1.75, 1.72, 1.78])])
+    speed = {"pattern": "window:8", "seq_len": 512, "pair_ratio": 2.0, "value": 1.0}
+    empty = pd.DataFrame(columns=["pattern", "ppl_ratio"])
+    row = ch06.aim_table(speed, empty, [], 512, decode, quest_pattern=q, speed_len=512, runs=runs).iloc[-1]
+    level, _ = ch06.c6_confidence()
+    e = runs.estimate(f"speedup:{q}", level)
+    assert row["measured"].startswith(f"{e.value:.2f}x ({level:.2%} CI") and "whole runs" in row["measured"]
+    assert "decode sweep" in row["measured"] and not row["met"]  # 1.75x misses the 2x aim; the sweep's ~2.6x is beside
+    alone = ch06.aim_table(speed, empty, [], 512, decode, quest_pattern=q, speed_len=512).iloc[-1]
+    assert "repeats in one process" in alone["measured"] and alone["met"]

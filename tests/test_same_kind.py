@@ -140,3 +140,23 @@ def test_the_modelled_gain_names_a_tree_drafters_own_inputs(tmp_path):
     c = gain[5].conditions
     assert "eagle@5,4,16: 1.72 tokens per target forward" in c and "verify block of 17 tokens" in c
     assert "acceptance" not in c
+
+
+def test_chapter_5s_ttft_gain_is_read_over_its_whole_runs_at_c8s_level_when_it_has_them():
+    """The C8 row judges the TTFT gain over whole runs at C8's corrected level; the same-kind figure prints that
+    interval, not a one-process one (a reader found 1.95x beside the row's 2.00x)."""
+    from studylib.bench.whole_runs import WholeRuns
+    from studylib.decisions import level
+
+    runs = [{"pid": i, "started": "t", "load_before": [0.1], "load_after": [0.1], "bandwidth_gbs": 30.0,
+             "seconds": 1.0, "metrics": {"ttft_gain:continuous": g}} for i, g in enumerate([2.1, 1.9, 2.0, 2.2, 1.95])]
+    data = {"params": {"n_requests": 64}, "measurements": {
+        "runs": _runs(), "whole_runs": {"target": "studylib.experiments.ch05_runs:timing_run", "params": {},
+                                        "runs": runs}}}
+    fig = same_kind._ttft_ch05(data)
+    conf = level("C8", 5)[0]
+    e = WholeRuns("studylib.experiments.ch05_runs:timing_run", {}, runs).estimate("ttft_gain:continuous", conf)
+    assert "n=5 whole runs" in fig.value and f"{100 * conf:.4g}% CI" in fig.value
+    assert fig.value.startswith(f"{e.value:.3g}")
+    del data["measurements"]["whole_runs"]  # without them: the in-process repeats, labelled as such
+    assert "repeats in one process" in same_kind._ttft_ch05(data).value

@@ -336,6 +336,8 @@ def test_chapter_helpers_read_the_numbers(tmp_path):
             for a, t in (("sequential", 10.0), ("static", 20.0), ("continuous", 40.0)) for k in range(3)]
     df = pd.DataFrame(rows)
     assert ch05.relative_rates(df, [0.5, 2]) == [0.5, 2.0]  # sequential serves 1 req/s
+    with pytest.raises(StudylibError, match="no saturation run of 'paged'"):  # one message for every rate reader
+        ch05.relative_rates(df, [1], base_arm="paged")
     gains = ch05.saturation_gains(df, treated="continuous")
     g = gains.set_index("baseline").gain
     assert g["sequential"] == pytest.approx(4.0) and g["static"] == pytest.approx(2.0)

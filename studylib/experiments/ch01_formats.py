@@ -173,8 +173,9 @@ def explain(share: dict, by_engine: pd.DataFrame, decisive: pd.Series) -> str:
             f"the bytes it reads with R² = {share['r2']:.3f}; the fit's slope is a bandwidth of "
             f"{share['implied_gbs']:.1f} GB/s. The share of a {share['at']} step that scales with its bytes is "
             f"{e.value:.2f} (95% CI {e.ci_low:.2f}-{e.ci_high:.2f}, n = {e.n} prompts); the rest is fixed cost "
-            f"per step. Per engine: {rows}. C2 is decided on the fastest engine that computes the model's own "
-            f"weights: {decisive.engine}.")
+            f"per step. Per engine, in this run (one process, of the bandwidth probed at its start): {rows}. C2 is "
+            f"decided on the fastest engine that computes the model's own weights, {decisive.engine}, over the whole "
+            f"runs below, so its value there differs a little from this run's.")
 
 
 # ------------------------------------------------------------------------------ whole runs
@@ -226,4 +227,5 @@ def explain_runs(runs, engine: str) -> str:
             f"every engine and measuring the read bandwidth again ({min(bws):.1f}-{max(bws):.1f} GB/s across "
             f"them). Over the runs, {shared}{engine} moves {ci(frac)} of the bandwidth its run measured (95% CIs, "
             "t on the log of the run values). A CI over the prompts of one run cannot see this spread, so it is "
-            "shown, not used.")
+            "shown, not used. The main run's values above differ from these because that one process divides by "
+            "its own bandwidth probe and times its own prompts: each run here re-probes and times fewer prompts.")

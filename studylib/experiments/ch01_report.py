@@ -190,7 +190,7 @@ def anchor_table(fraction, probe: dict, model: LlamaModel, context: int) -> pd.D
     """Published anchors with our batch-1 number on the same footing (achieved vs. measured bandwidth)."""
     cfg, dt = model.config, probe["dtype"]
     nbytes = decode_bytes_per_step(cfg, context, dtype_bytes(dt), 1)
-    ours = {"source": "this study (studylib, eager)", "hardware": f"this machine ({probe['threads']} threads, "
+    ours = {"source": "this study (dense eager engine, batch-sweep step, one process)", "hardware": f"this machine ({probe['threads']} threads, "
             f"measured {probe['bandwidth_gbs']:.1f} GB/s)", "model": cfg.name, "dtype": dt, "batch": 1,
             "tokens_per_s": fraction.value * probe["bandwidth_gbs"] * 1e9 / nbytes,
             "achieved_gbs": fraction.value * probe["bandwidth_gbs"], "peak_gbs": probe["bandwidth_gbs"],

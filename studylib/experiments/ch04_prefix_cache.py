@@ -323,17 +323,20 @@ def trace_table(tc: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
 
 
 def trace_text(tc: pd.DataFrame) -> str:
-    """What the seeded traces show, read from the numbers (95% CIs here; the decision's are corrected)."""
+    """What the seeded traces show, read from the numbers, at the decision's corrected level (so the prose and
+    the table beside it print one interval)."""
     if not len(tc):
         return "No seeded traces were run, so the eviction policy was not judged."
-    est, idle = eviction_estimates(tc, 0.95)
+    level = eviction_confidence()
+    est, idle = eviction_estimates(tc, level)
     n = int(tc["trace"].nunique())
     text = f"Over {n} seeded traces per workload ({len(tc.condition.unique())} workload/pool conditions): "
     if est:
         lo_name = min(est, key=lambda c: est[c]["value"])
         hi_name = max(est, key=lambda c: est[c]["value"])
         lo, hi = est[lo_name], est[hi_name]
-        text += (f"where eviction costs a hit, LRU keeps from {lo['value']:.1%} ({lo_name}, 95% CI "
+        text += (f"where eviction costs a hit, LRU keeps from {lo['value']:.1%} ({lo_name}, {level:.2%} CI, the "
+                 f"decision's level, "
                  f"[{lo['ci_low']:.1%}, {lo['ci_high']:.1%}]) to {hi['value']:.1%} ({hi_name}) of the clairvoyant "
                  "reference's hit tokens at the same pool size.")
     else:

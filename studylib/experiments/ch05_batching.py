@@ -250,10 +250,7 @@ def relative_rates(saturation: pd.DataFrame, multiples: Iterable[float], base_ar
     """Arrival rates as multiples of ``base_arm``'s request throughput at saturation (its capacity), so
     "light" and "overload" mean the same on any machine: 0.5 is light for every policy, 1 saturates
     sequential serving, larger multiples overload the weaker policies."""
-    sat = saturation[np.isinf(saturation["rate"]) & (saturation["arm"] == base_arm)]
-    if not len(sat):
-        raise ValueError(f"no saturation run of {base_arm!r} to scale the rates by")
-    cap = float(sat["requests_per_s"].median())
+    cap = request_rate(saturation, base_arm)
     return [round(m * cap, 4) for m in multiples]
 
 

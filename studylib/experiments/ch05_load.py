@@ -32,7 +32,7 @@ import pandas as pd
 
 from studylib.bench.stats import Estimate, ratio_estimate
 from studylib.errors import StudylibError
-from studylib.experiments.ch05_batching import arm_name
+from studylib.experiments.ch05_batching import arm_name, request_rate
 from studylib.progress import progress_bar
 from studylib.serving import Engine, EngineConfig
 from studylib.serving.metrics import check_slo
@@ -573,10 +573,7 @@ def capacity_vs_sequential(cap: Capacity, saturation: pd.DataFrame, baseline: st
     capacity under any SLO is at most that rate. capacity / that rate is therefore a lower bound on the
     capacity gain, and it needs no search of the slow arm (a sweep at its rates would take minutes per
     probe). A single search: no CI (``capacity_table``'s caveat)."""
-    sat = saturation[np.isinf(saturation["rate"]) & (saturation["arm"] == baseline)]
-    if not len(sat):
-        raise StudylibError(f"no saturation run of {baseline!r} to bound its capacity by.")
-    service = float(sat["requests_per_s"].median())
+    service = request_rate(saturation, baseline)
     table = capacity_table([cap])
     table["sequential_service_rate_req_s"] = service
     table["capacity_gain_at_least"] = [c / service if c is not None else None for c in table["capacity_req_s"]]
@@ -590,24 +587,32 @@ def explain_capacity(cap: Capacity, saturation: pd.DataFrame, slo: Mapping, tpot
     if cap.capacity is None:
         return head + _capacity_bound(cap, t.sequential_service_rate_req_s)
     bound = "at least " if cap.censored else ""
-    met = cap.probes.loc[(cap.probes["rate"] - cap.capacity).abs().idxmin()]
-    achieved = float(met["requests_per_s"])
+    achieved = float(_probe_at(cap, cap.capacity)["requests_per_s"])
     return head + (f"{cap.arm} sustains {bound}{cap.capacity:.2f} requests/s offered inside it "
                    f"({len(cap.probes)} probes of {int(cap.probes['requests'].iloc[0])} requests; that probe "
                    f"completed {achieved:.2f} requests/s, less than offered because a finite trace starts empty "
-                   f"and drains at its end). Sequential serving completes at most "
-                   f"{t.sequential_service_rate_req_s:.2f} requests/s, so no offered rate above that meets any SLO "
-                   f"for it, and the capacity gain is at least {t.capacity_gain_at_least:.2f}x "
-                   f"({achieved / t.sequential_service_rate_req_s:.2f}x counted on completed requests). "
-                   f"{_binding(cap)} One search: no interval.")
+                   f"and drains at its end). Sequential serving's own capacity was not searched: it completes at "
+                   f"most {t.sequential_service_rate_req_s:.2f} requests/s, so its capacity under any SLO is at most "
+                   f"that, and the capacity gain is at least {t.capacity_gain_at_least:.2f}x "
+                   f"({achieved / t.sequential_service_rate_req_s:.2f}x counted on completed requests), a floor, "
+                   f"not a measured gain"
+                   + (" (a floor below 1 does not say which serves more inside the SLO: sequential serving's p99 "
+                      "latencies at the rates it was run are in the latency table)" if t.capacity_gain_at_least < 1
+                      else "")
+                   + f". {_binding(cap)} One search: no interval.")
+
+
+def _probe_at(cap: Capacity, rate: float) -> dict:
+    """The probe nearest ``rate``, as the search judged it: a missing value reads None, not NaN."""
+    row = cap.probes.loc[(cap.probes["rate"] - rate).abs().idxmin()]
+    return {k: None if not isinstance(v, str) and pd.isna(v) else v for k, v in row.items()}
 
 
 def _binding(cap: Capacity) -> str:
     """Which limit stopped the search (the first rate missed above the capacity), and how close the other came."""
     if cap.bracket[1] is None:
         return "No probed rate missed the SLO, so neither limit bound."
-    row = {k: None if not isinstance(v, str) and pd.isna(v) else v
-           for k, v in cap.probes.loc[(cap.probes["rate"] - cap.bracket[1]).abs().idxmin()].items()}
+    row = _probe_at(cap, cap.bracket[1])
     names = {"completed": "completion", "ttft_s": "the TTFT limit", "tpot_s": "the TPOT limit"}
     missed = _missed(row, cap.slo)
     kept = [names[k] for k in ("ttft_s", "tpot_s") if k in cap.slo and k not in missed]
@@ -617,9 +622,7 @@ def _binding(cap: Capacity) -> str:
 
 def _capacity_bound(cap: Capacity, service_rate: float) -> str:
     """Why no rate met the SLO, from the lowest probe: which limit it missed and by how much, at what load."""
-    # the probe as it was judged (a missing value reads None, as in the row the search judged)
-    low = {k: None if not isinstance(v, str) and pd.isna(v) else v
-           for k, v in cap.probes.loc[cap.probes["rate"].idxmin()].items()}
+    low = _probe_at(cap, float(cap.probes["rate"].min()))
     missed = []
     for key in _missed(low, cap.slo):
         if key == "completed":
@@ -660,10 +663,14 @@ def explain_latency(rows: pd.DataFrame, est: Estimate, rate: float, load: float)
     seq, ours = t.loc["sequential"], t.loc["continuous+radix"]
     how = (f"bootstrap over n = {est.n} independently seeded traces, each trace's requests averaged per arm"
            if _unit(rows) == "traces" else f"bootstrap over n = {est.n} requests, paired")
+    pooled = seq.e2el_p50_s / ours.e2el_p50_s if ours.e2el_p50_s else float("nan")
+    unit = ("with each trace's requests averaged, sequential serving takes" if _unit(rows) == "traces"
+            else "request by request, sequential serving takes")
     return (f"At {rate:.2f} requests/s ({load:g}x sequential serving's service rate), the median request waits "
             f"{seq.e2el_p50_s:.2f} s end to end when served one at a time and {ours.e2el_p50_s:.2f} s with "
-            f"continuous batching and the prefix cache (all traces pooled): {est.value:.2f}x "
-            f"[{est.ci_low:.2f}, {est.ci_high:.2f}] ({how}).")
+            f"continuous batching and the prefix cache (medians of all traces pooled: {pooled:.2f}x). "
+            f"The ratio chapter 7 judges is of means, not of these medians: {unit} {est.value:.2f}x "
+            f"[{est.ci_low:.2f}, {est.ci_high:.2f}] as long ({how}).")
 
 
 def latency_record(rows: pd.DataFrame, est: Estimate, rate: float, load: float) -> dict:

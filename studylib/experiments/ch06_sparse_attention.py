@@ -295,11 +295,13 @@ def explain_cost(fits: pd.DataFrame, cross: pd.DataFrame, speed: dict) -> str:
 def aim_table(speed: dict, summary: pd.DataFrame, patterns: Sequence[str], n_tokens: int,
               decode: pd.DataFrame | None = None, docs: pd.DataFrame | None = None,
               needle: pd.DataFrame | None = None, quest_pattern: str | None = None,
-              speed_len: int | None = None) -> pd.DataFrame:
+              speed_len: int | None = None, runs=None) -> pd.DataFrame:
     """The performance aims of this chapter, each beside what was measured (benchmarks, one run):
     window attention >= 8x below dense at the longest length; static patterns within 1% on the text;
     and, for Quest at its budget: >= 2x faster per decoded token than dense at ``speed_len``, perplexity
-    ratio <= 1.01 over the documents, the needle found wherever dense finds it."""
+    ratio <= 1.01 over the documents, the needle found wherever dense finds it. With ``runs`` (the whole
+    runs the verdict reads) Quest's speed-up is theirs, at the verdict's level, so the aim and the verdict print
+    one number; the one-process sweep's value stands beside it, labelled."""
 
     rows = [{"aim": f"{speed['pattern']} attention >= 8x faster than dense at {speed['seq_len']} tokens "
                     f"(work bound {speed['pair_ratio']:.2f}x)",
@@ -311,9 +313,17 @@ def aim_table(speed: dict, summary: pd.DataFrame, patterns: Sequence[str], n_tok
                      "measured": f"{ratio:.4f}", "met": bool(ratio <= 1.01)})
     if quest_pattern and decode is not None and speed_len:
         sp = decode_speedup(decode, speed_len, quest_pattern)
+        sweep = f"{sp['value']:.2f}x (95% CI {sp['ci_low']:.2f}-{sp['ci_high']:.2f}, repeats in one process)"
+        key = f"speedup:{quest_pattern}"
+        if runs is not None and key in runs.metrics():
+            level, _ = c6_confidence()
+            e = runs.estimate(key, level)
+            measured, value = (f"{e.value:.2f}x ({level:.2%} CI {e.ci_low:.2f}-{e.ci_high:.2f}, {e.n} whole runs, "
+                               f"the verdict's value); decode sweep {sweep}"), e.value
+        else:
+            measured, value = sweep, sp["value"]
         rows.append({"aim": f"{quest_pattern}: >= 2x faster per decoded token than dense at {speed_len} tokens",
-                     "measured": f"{sp['value']:.2f}x (CI {sp['ci_low']:.2f}-{sp['ci_high']:.2f})",
-                     "met": bool(sp["value"] >= 2)})
+                     "measured": measured, "met": bool(value >= 2)})
     if quest_pattern and docs is not None and len(docs):
         d = document_summary(docs)
         d = d[d.pattern == quest_pattern]
@@ -370,7 +380,7 @@ def ours_vs_anchors(fits: pd.DataFrame, speed: dict, summary: pd.DataFrame, mode
         ds = decode_summary(decode)
         at = ds[(ds.context == ds.context.max()) & (ds.pattern != "dense")]
         for r in at.itertuples():
-            ours.append({"source": "this study (decode, whole model)", "hardware": hardware, "model": model,
+            ours.append({"source": "this study (decode sweep, one process)", "hardware": hardware, "model": model,
                          "result": f"{r.pattern}: {r.speedup_vs_dense:.2f}x dense decoding speed at {r.context} tokens"})
     return pd.concat([ANCHORS, pd.DataFrame(ours)], ignore_index=True)
 
